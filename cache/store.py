@@ -1,0 +1,232 @@
+"""Layered, content-addressed store of compiled kernels.
+
+Entry rules:
+- written whole in ``<writable>/v1/tmp/<unique>/``, each file fsynced, then published by one
+  ``rename`` of the directory (a losing racer discards its copy and uses the winner's);
+- immutable once published: reads take no lock and need no write access;
+- verified on every load: meta.json parses, its key matches the folder and the hash of its
+  factors, the HSACO's size and sha256 match, and the ELF header is AMDGPU for the arch. A bad
+  entry is moved to ``quarantine/`` when its layer is writable, and always treated as a miss;
+- a ``last_used`` stamp beside the files is refreshed at most hourly, for gc.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from mono_jit.config import Settings
+from mono_jit.errors import InvalidCodeObject
+from mono_jit.hsaco import check_header
+
+from .key import cache_key
+from .trust import check_root, make_private_root
+
+META_SCHEMA = 1
+HSACO_NAME = "kernel.hsaco"
+META_NAME = "meta.json"
+STAMP_NAME = "last_used"
+STAMP_INTERVAL = 3600.0
+_log = logging.getLogger(__name__)
+
+
+class CorruptEntry(Exception):
+    """An entry failed verification (internal: the store turns it into a miss)."""
+
+
+@dataclass(frozen=True)
+class Layer:
+    root: Path
+    writable: bool
+
+    @property
+    def base(self) -> Path:
+        return self.root / "v1"
+
+    def entry_dir(self, arch: str, key: str) -> Path:
+        return self.base / arch / key[:2] / key
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A published entry, verified when it was loaded."""
+
+    layer: Layer
+    path: Path
+    key: str
+    arch: str
+    meta: dict
+    hsaco: bytes
+
+    @property
+    def size(self) -> int:
+        return sum(f.stat().st_size for f in self.path.iterdir() if f.is_file())
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_entry(layer: Layer, path: Path, arch: str) -> Entry:
+    """Load and verify the entry at `path`; CorruptEntry says what is wrong."""
+    key = path.name
+    try:
+        meta = json.loads((path / META_NAME).read_text())
+        hsaco = (path / HSACO_NAME).read_bytes()
+    except (OSError, ValueError) as exc:
+        raise CorruptEntry(f"unreadable: {exc}") from None
+    if not isinstance(meta, dict) or meta.get("schema") != META_SCHEMA:
+        raise CorruptEntry(f"meta.json schema {meta.get('schema') if isinstance(meta, dict) else None!r} is not {META_SCHEMA}")
+    if meta.get("key") != key or cache_key(meta.get("factors", {})) != key:
+        raise CorruptEntry("meta.json's key or factors do not match the entry's key")
+    if meta.get("arch") != arch:
+        raise CorruptEntry(f"meta.json says arch {meta.get('arch')!r}, the entry sits under {arch}")
+    expected = meta.get("hsaco", {})
+    if len(hsaco) != expected.get("size"):
+        raise CorruptEntry(f"kernel.hsaco is {len(hsaco)} bytes, meta.json says {expected.get('size')}")
+    if hashlib.sha256(hsaco).hexdigest() != expected.get("sha256"):
+        raise CorruptEntry("kernel.hsaco's sha256 does not match meta.json")
+    try:
+        check_header(hsaco, arch)
+    except InvalidCodeObject as exc:
+        raise CorruptEntry(str(exc)) from None
+    return Entry(layer, path, key, arch, meta, hsaco)
+
+
+class Store:
+    """Read-only layers in order, then the writable layer."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        allow = bool(settings.allow_shared_roots)
+        layers = []
+        for root in settings.readonly_roots:
+            if not root.is_dir():
+                _log.warning("read-only cache root %s does not exist; skipping it", root)
+                continue
+            check_root(root, allow)
+            layers.append(Layer(root, writable=False))
+        writable = settings.writable_root
+        make_private_root(writable)
+        check_root(writable, allow)
+        self.writable = Layer(writable, writable=True)
+        self.layers: tuple[Layer, ...] = (*layers, self.writable)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def lookup(self, key: str, arch: str) -> Entry | None:
+        """The first verified entry for `key` in layer order; bad entries are set aside."""
+        for layer in self.layers:
+            path = layer.entry_dir(arch, key)
+            if not path.is_dir():
+                continue
+            try:
+                entry = read_entry(layer, path, arch)
+            except CorruptEntry as reason:
+                self.quarantine(layer, path, str(reason))
+                continue
+            if layer.writable:
+                self._touch(path)
+            return entry
+        return None
+
+    def entries(self) -> Iterator[Entry | tuple[Path, str]]:
+        """Every entry in every layer (the first layer wins for a key); (path, reason) if bad."""
+        seen: set[str] = set()
+        for layer in self.layers:
+            if not layer.base.is_dir():
+                continue
+            for arch_dir in sorted(p for p in layer.base.iterdir() if p.is_dir() and p.name.startswith("gfx")):
+                for path in sorted(arch_dir.glob("??/*")):
+                    if path.name in seen or not path.is_dir():
+                        continue
+                    seen.add(path.name)
+                    try:
+                        yield read_entry(layer, path, arch_dir.name)
+                    except CorruptEntry as reason:
+                        yield (path, str(reason))
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def publish(self, key: str, arch: str, hsaco: bytes, meta: dict) -> Entry:
+        """Write an entry atomically into the writable layer and return it (verified)."""
+        final = self.writable.entry_dir(arch, key)
+        tmp_root = self.writable.base / "tmp"
+        tmp_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = tmp_root / f"{key[:16]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir(mode=0o700)
+        try:
+            (tmp / HSACO_NAME).write_bytes(hsaco)
+            (tmp / META_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+            (tmp / STAMP_NAME).touch()
+            for name in (HSACO_NAME, META_NAME):
+                _fsync_file(tmp / name)
+            _fsync_dir(tmp)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.rename(tmp, final)
+            except OSError:
+                if not final.is_dir():
+                    raise
+                shutil.rmtree(tmp, ignore_errors=True)  # lost the race: keep the winner's copy
+            _fsync_dir(final.parent)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        return read_entry(self.writable, final, arch)
+
+    def quarantine(self, layer: Layer, path: Path, reason: str) -> None:
+        """Set a bad entry aside (writable layer) and log why; a read-only one is only skipped."""
+        if not layer.writable:
+            _log.warning("ignoring bad cache entry %s in read-only layer: %s", path, reason)
+            return
+        target = layer.base / "quarantine" / f"{path.name}-{int(time.time())}-{uuid.uuid4().hex[:6]}"
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            os.rename(path, target)
+            (target / "reason.txt").write_text(reason + "\n")
+            _log.warning("quarantined bad cache entry %s -> %s: %s", path, target, reason)
+        except OSError as exc:
+            _log.warning("bad cache entry %s (%s) could not be quarantined: %s", path, reason, exc)
+
+    def remove(self, path: Path) -> None:
+        """Delete an entry of the writable layer: rename away first so it vanishes at once."""
+        doomed = self.writable.base / "tmp" / f"rm-{path.name}-{uuid.uuid4().hex[:8]}"
+        doomed.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.rename(path, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+
+    @staticmethod
+    def _touch(path: Path) -> None:
+        stamp = path / STAMP_NAME
+        try:
+            if time.time() - stamp.stat().st_mtime > STAMP_INTERVAL:
+                os.utime(stamp)
+        except FileNotFoundError:
+            stamp.touch()
+        except OSError:
+            pass  # a stamp is a hint for gc, never a reason to fail a load
+
+
+def last_used(path: Path) -> float:
+    try:
+        return (path / STAMP_NAME).stat().st_mtime
+    except OSError:
+        return path.stat().st_mtime

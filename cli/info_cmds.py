@@ -1,0 +1,80 @@
+"""`doctor` (toolchain and cache health) and `config` (every setting with its source)."""
+
+from __future__ import annotations
+
+import click
+
+from mono_jit.cache import Entry, Store
+from mono_jit.config import Settings
+from mono_jit.errors import MonoJitError
+from mono_jit.templates import all_templates
+from mono_jit.toolchain import flydsl_files_modified, resolve_toolchain
+
+from .context import cache_dir_option, settings_for
+from .options import emit_json, guarded
+
+
+@click.command()
+@click.option("--deep", is_flag=True, help="Also re-hash FlyDSL's installed files against its RECORD (slow).")
+@cache_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
+@guarded
+def doctor(deep, cache_dir, as_json):
+    """Check the toolchain (FlyDSL, ld.lld, device bitcode), the cache roots and their entries."""
+    settings = settings_for(cache_dir)
+    checks: list[dict] = []
+
+    def check(name: str, fn):
+        try:
+            checks.append({"check": name, "ok": True, "detail": fn()})
+        except (MonoJitError, OSError) as exc:
+            checks.append({"check": name, "ok": False, "detail": str(exc)})
+
+    def toolchain():
+        tc = resolve_toolchain(settings)
+        return {"rocm_path": str(tc.rocm_path), "ld_lld": str(tc.linker.path), "bitcode": str(tc.bitcode_dir),
+                **tc.fingerprint()}
+
+    def cache():
+        store = Store(settings)
+        items = list(store.entries())
+        bad = [str(item[0]) for item in items if not isinstance(item, Entry)]
+        if bad:
+            raise MonoJitError(f"{len(bad)} bad entries: {', '.join(bad[:3])}")
+        return {"layers": [str(layer.root) for layer in store.layers], "entries": len(items)}
+
+    def flydsl_files():
+        modified = flydsl_files_modified()
+        if modified:
+            raise MonoJitError(f"{len(modified)} FlyDSL files differ from RECORD: {', '.join(modified[:3])}")
+        return "every file matches RECORD"
+
+    check("toolchain", toolchain)
+    check("cache", cache)
+    check("templates", lambda: sorted(all_templates()))
+    if deep:
+        check("flydsl_files", flydsl_files)
+    if as_json:
+        emit_json({"ok": all(c["ok"] for c in checks), "checks": checks})
+    else:
+        for c in checks:
+            click.echo(f"{'ok ' if c['ok'] else 'BAD'} {c['check']}: {c['detail']}")
+    if not all(c["ok"] for c in checks):
+        raise SystemExit(1)
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the settings as JSON.")
+@guarded
+def config(as_json):
+    """Show every setting in force, the variable that sets it and where its value came from."""
+    rows = [{"name": s.name, "env": s.env, "value": s.value, "source": s.source, "help": s.help}
+            for s in Settings().items()]
+    if as_json:
+        emit_json(rows)
+        return
+    for r in rows:
+        click.echo(f"{r['name']:20} {str(r['value']):50} [{r['source']}: {r['env']}]  {r['help']}")
+
+
+COMMANDS = (doctor, config)

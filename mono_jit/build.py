@@ -1,0 +1,105 @@
+"""One build: a template at a spec, its key, and how a compile result becomes an entry.
+
+A :class:`BuildJob` owns everything about one build (template, spec, factors, key, label), the
+way FlashInfer's JitSpec does: one place knows what a build is called and where it lives.
+``finish`` turns a worker's result into a published entry after the checks: a code object for
+the arch, launches matching the template's launch shape, and the resource gate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+
+from mono_jit.cache import Entry, Store, key_factors, cache_key
+from mono_jit.cache.store import META_SCHEMA
+
+from . import __version__, resources
+from .errors import CompileError, InvalidCodeObject
+from .hsaco import inspect_code_object
+from .spec import Spec
+from .templates import Template
+
+
+@dataclass(frozen=True)
+class BuildJob:
+    template: Template
+    spec: Spec
+    factors: dict
+    key: str
+
+    @classmethod
+    def plan(cls, template: Template, spec: Spec, toolchain_fingerprint: dict) -> "BuildJob":
+        factors = key_factors(template.name, template.source_digest(), template.key_spec(spec), spec.arch,
+                              toolchain_fingerprint)
+        return cls(template, spec, factors, cache_key(factors))
+
+    @property
+    def arch(self) -> str:
+        return self.spec.arch
+
+    @property
+    def label(self) -> str:
+        fields = ", ".join(f"{k}={v}" for k, v in self.template.key_spec(self.spec).items())
+        return f"{self.template.name}({fields})"
+
+    def worker_args(self) -> tuple:
+        return (self.template.name, self.spec.as_dict())
+
+    def finish(self, store: Store, result: dict) -> Entry:
+        """Check a worker's result and publish it; CompileError/ResourceError say why not."""
+        hsaco: bytes = result["hsaco"]
+        try:
+            kernels = inspect_code_object(hsaco, self.arch)
+        except InvalidCodeObject as exc:
+            raise CompileError(f"{self.label}: FlyDSL produced a bad code object: {exc}") from None
+        shape = self.template.launch_shape(self.spec)
+        launches = result["launches"]
+        by_name = {k.name: k for k in kernels}
+        residency = {}
+        for launch in launches:
+            if launch["grid"] != list(shape.grid) or launch["block"] != list(shape.block) \
+                    or launch["dynamic_lds"] != shape.dynamic_lds:
+                raise CompileError(
+                    f"{self.label}: launch {launch} differs from the template's launch shape {shape.as_dict()}"
+                )
+            kernel = by_name.get(launch["kernel"])
+            if kernel is None:
+                raise CompileError(f"{self.label}: launched kernel {launch['kernel']!r} is not in the code object")
+            residency[kernel.name] = resources.check(
+                kernel, block=shape.block[0] * shape.block[1] * shape.block[2],
+                grid=shape.grid[0] * shape.grid[1] * shape.grid[2], dynamic_lds=shape.dynamic_lds,
+                persistent=self.template.persistent, budget=self.template.budget, what=self.label,
+            ).as_dict()
+        if not launches:
+            raise CompileError(f"{self.label}: the launcher launched no kernel")
+        meta = {
+            "schema": META_SCHEMA,
+            "key": self.key,
+            "factors": self.factors,
+            "template": self.template.name,
+            "spec": self.template.key_spec(self.spec),
+            "build_spec": self.spec.as_dict(),
+            "arch": self.arch,
+            "hsaco": {"size": len(hsaco), "sha256": hashlib.sha256(hsaco).hexdigest()},
+            "kernels": [k.as_dict() for k in kernels],
+            "launches": launches,
+            "launch": shape.as_dict(),
+            "arguments": [a.as_dict() for a in self.template.arguments(self.spec)],
+            "persistent": self.template.persistent,
+            "budget": self.template.budget.__dict__,
+            "residency": residency,
+            "compile_seconds": round(result["seconds"], 3),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "mono_jit": __version__,
+        }
+        return store.publish(self.key, self.arch, hsaco, meta)
+
+
+def failure_message(job: BuildJob, status: str, detail: str) -> str:
+    """A one-paragraph error naming the template and spec, with FlyDSL's own message."""
+    lines = [line for line in str(detail).strip().splitlines() if line.strip()]
+    head = lines[0] if lines else status
+    tail = "\n".join(lines[1:12])
+    return f"{job.label} failed to compile ({status}): {head}" + (f"\n{tail}" if tail else "")

@@ -1,0 +1,74 @@
+"""The worker side of a build: trace and compile one template for one spec, return the HSACO.
+
+Runs inside a compile worker (workers.py) whose environment is already sanitised. Uses
+``flyc.compile`` with CPU placeholders only: a direct jit call on a GPU-less machine aborts the
+process (FLYDSL.md). The HSACO is read from FlyDSL's final MLIR (``_keepalive.ir``, a private
+attribute: FlyDSL is pinned and tests cover this extraction), together with every
+``gpu.launch_func``'s grid, block and dynamic LDS when they are constants.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .spec import Spec
+
+
+def _constant(value: Any) -> int | None:
+    """The integer of an llvm.mlir.constant operand, None when it is computed at run time."""
+    from flydsl._mlir import ir
+
+    if value is None:
+        return 0
+    owner = value.owner
+    if getattr(owner, "name", None) != "llvm.mlir.constant":
+        return None
+    return ir.IntegerAttr(owner.attributes["value"]).value
+
+
+def extract(ir_text: str) -> tuple[bytes, list[dict]]:
+    """(HSACO bytes, launches) from FlyDSL's final MLIR module text."""
+    from flydsl._mlir import ir
+    from flydsl._mlir.dialects import gpu
+    from flydsl.compiler.jit_function import _create_mlir_context
+
+    binaries: list[bytes] = []
+    launches: list[dict] = []
+
+    def visit(op: Any) -> Any:
+        if op.name == "gpu.binary":
+            objects = ir.ArrayAttr(op.attributes["objects"])
+            binaries.append(bytes(gpu.ObjectAttr(objects[0]).object))
+        elif op.name == "gpu.launch_func":
+            launch = op.opview
+            launches.append({
+                "kernel": ir.SymbolRefAttr(launch.kernel).value[-1],
+                "grid": [_constant(launch.gridSizeX), _constant(launch.gridSizeY), _constant(launch.gridSizeZ)],
+                "block": [_constant(launch.blockSizeX), _constant(launch.blockSizeY), _constant(launch.blockSizeZ)],
+                "dynamic_lds": _constant(launch.dynamicSharedMemorySize),
+            })
+        return ir.WalkResult.ADVANCE
+
+    with _create_mlir_context():
+        ir.Module.parse(ir_text).operation.walk(visit)
+    if len(binaries) != 1:
+        raise RuntimeError(f"expected one gpu.binary in FlyDSL's artifact, found {len(binaries)}")
+    return binaries[0], launches
+
+
+def compile_here(template_name: str, spec_data: dict) -> dict:
+    """Trace + compile in this process; {'hsaco', 'launches', 'seconds'}. Called in a worker."""
+    import flydsl.compiler as flyc
+
+    from .templates import get
+
+    template = get(template_name)
+    spec = Spec.from_dict(spec_data)
+    started = time.perf_counter()
+    build = template.build(spec)
+    compiled = flyc.compile(build.launcher, *build.placeholders)
+    if compiled is None:  # what a stray COMPILE_ONLY=1 does; the environment should prevent it
+        raise RuntimeError("flyc.compile returned None (is COMPILE_ONLY set?)")
+    hsaco, launches = extract(compiled._keepalive.ir)
+    return {"hsaco": hsaco, "launches": launches, "seconds": time.perf_counter() - started}

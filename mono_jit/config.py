@@ -1,0 +1,103 @@
+"""Every mono-jit setting in one place, read once from the environment, each with its source.
+
+Constructors elsewhere take a :class:`Settings`; nothing else reads ``MONO_JIT_*`` variables,
+so `mono-jit config` can show exactly what is in force and where it came from.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping
+
+import platformdirs
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: its value, the variable that sets it and where the value came from."""
+
+    name: str
+    env: str
+    value: object
+    source: str  # "env" or "default"
+    help: str
+
+
+def _flag(text: str) -> bool:
+    return text.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _paths(text: str) -> tuple[Path, ...]:
+    return tuple(Path(p).expanduser() for p in text.split(os.pathsep) if p)
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise ValueError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+# name, variable, parser, default factory, help
+_TABLE: tuple[tuple[str, str, Callable[[str], object], Callable[[], object], str], ...] = (
+    ("cache_dir", "MONO_JIT_CACHE_DIR", lambda s: Path(s).expanduser(),
+     lambda: Path(platformdirs.user_cache_dir("mono-jit")), "the writable cache root"),
+    ("cache_path", "MONO_JIT_CACHE_PATH", _paths, tuple,
+     "read-only cache roots searched before the writable one (colon-separated)"),
+    ("lock_dir", "MONO_JIT_LOCK_DIR", lambda s: Path(s).expanduser(), lambda: None,
+     "per-key compile locks (local storage); default <cache_dir>/v1/locks"),
+    ("offline", "MONO_JIT_OFFLINE", _flag, lambda: False, "a cache miss is an error, never a compile"),
+    ("lock_timeout", "MONO_JIT_LOCK_TIMEOUT", _seconds, lambda: 900.0,
+     "seconds to wait for another process compiling the same key"),
+    ("compile_timeout", "MONO_JIT_COMPILE_TIMEOUT", _seconds, lambda: 600.0,
+     "seconds one compile may take in its worker"),
+    ("allow_shared_roots", "MONO_JIT_ALLOW_SHARED_ROOTS", _flag, lambda: False,
+     "accept cache roots writable by others or owned by another user"),
+    ("ld_lld", "MONO_JIT_LD_LLD", lambda s: Path(s).expanduser(), lambda: None,
+     "ld.lld to link code object v6 with (default: searched)"),
+    ("device_libs", "MONO_JIT_DEVICE_LIBS", lambda s: Path(s).expanduser(), lambda: None,
+     "folder of AMDGPU device bitcode (ocml.bc ...) (default: searched)"),
+)
+
+
+class Settings:
+    """The settings in force, from an environment mapping (default: os.environ)."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        environ = os.environ if environ is None else environ
+        self._items: dict[str, Setting] = {}
+        for name, var, parse, default, help_text in _TABLE:
+            raw = environ.get(var, "")
+            if raw != "":
+                try:
+                    value, source = parse(raw), "env"
+                except ValueError as exc:
+                    from .errors import MonoJitError
+
+                    raise MonoJitError(f"{var}={raw!r}: {exc}") from None
+            else:
+                value, source = default(), "default"
+            self._items[name] = Setting(name, var, value, source, help_text)
+
+    def __getattr__(self, name: str) -> object:
+        try:
+            return self._items[name].value
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def items(self) -> list[Setting]:
+        return list(self._items.values())
+
+    @property
+    def writable_root(self) -> Path:
+        return self._items["cache_dir"].value  # type: ignore[return-value]
+
+    @property
+    def readonly_roots(self) -> tuple[Path, ...]:
+        return self._items["cache_path"].value  # type: ignore[return-value]
+
+    def locks(self) -> Path:
+        explicit = self._items["lock_dir"].value
+        return explicit if explicit is not None else self.writable_root / "v1" / "locks"  # type: ignore[return-value]

@@ -1,0 +1,77 @@
+"""Small FlyDSL helpers the kernel modules share (imports FlyDSL; only kernel modules import it).
+
+Every tensor argument is a 1-D buffer indexed by flat element offsets: the kernarg ABI stays a
+pointer plus an i32 length per tensor, which the runner packs without knowing shapes.
+"""
+
+
+import flydsl.expr as fx
+from flydsl.expr import range_constexpr
+
+WAVE = 64  # gfx950 wavefront size
+_LOG2_WAVE = 6
+
+
+def flat_view(tensor, vector: int = 1):
+    """A buffer-resource view of a 1-D tensor in chunks of `vector` elements."""
+    return fx.logical_divide(fx.rocdl.make_buffer_tensor(tensor), fx.make_layout(vector, 1))
+
+
+def copy_atom(bits: int, elem_bits: int):
+    return fx.make_copy_atom(fx.rocdl.BufferCopy(bits), elem_bits)
+
+
+def load(view, index, dtype, width: int = 1):
+    """Load chunk `index` of a flat view: a vector of `width` elements (bounds-checked by the buffer)."""
+    reg = fx.make_rmem_tensor(width, dtype)
+    fx.copy(copy_atom(dtype.width * width, dtype.width), fx.slice(view, (None, index)), reg)
+    return fx.memref_load_vec(reg)
+
+
+def load_scalar(view, index, dtype):
+    return load(view, index, dtype)[0]
+
+
+def store_scalar(view, index, value, dtype) -> None:
+    reg = fx.make_rmem_tensor(1, dtype)
+    fx.memref_store_vec(fx.Vector.filled(1, value, dtype), reg)
+    fx.copy(copy_atom(dtype.width, dtype.width), reg, fx.slice(view, (None, index)))
+
+
+def wave_sum(value):
+    """Butterfly sum over the 64 lanes of a wave; every lane gets the total."""
+    for step in range_constexpr(_LOG2_WAVE):
+        value = value + value.shuffle_xor(WAVE >> (step + 1), WAVE)
+    return value
+
+
+def wave_argmax(value, index):
+    """Butterfly (max value, lowest index on ties) over a wave; every lane gets the winner."""
+    for step in range_constexpr(_LOG2_WAVE):
+        offset = WAVE >> (step + 1)
+        peer_value = value.shuffle_xor(offset, WAVE)
+        peer_index = index.shuffle_xor(offset, WAVE)
+        take = better(peer_value, peer_index, value, index)
+        value = take.select(peer_value, value)
+        index = take.select(peer_index, index)
+    return value, index
+
+
+def better(value, index, best_value, best_index):
+    """The total order of a top-k: larger value first, then the lower index."""
+    return (value > best_value) | ((value == best_value) & (index < best_index))
+
+
+def inclusive_count(flag, lane):
+    """Inclusive prefix sum of an i32 0/1 flag over the lanes of a wave (Hillis-Steele)."""
+    total = flag
+    for step in range_constexpr(_LOG2_WAVE):
+        offset = 1 << step
+        peer = fx.shuffle_up(total, offset, WAVE)
+        total = total + (lane >= offset).select(peer, 0)
+    return total
+
+
+def last_lane(value):
+    """The value held by lane 63 (the wave total of an inclusive scan)."""
+    return fx.shuffle_idx(value, WAVE - 1, WAVE)

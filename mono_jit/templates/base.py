@@ -1,0 +1,89 @@
+"""The template protocol: a named FlyDSL kernel family specialised by a Spec.
+
+A template states which Spec fields it reads (its cache key leaves the others out, so two
+values of an unread field share one build), the source files whose digest enters the key, its
+launch shape as a function of the spec, its runtime arguments, and how to build the FlyDSL
+launcher with compile placeholders. Building imports FlyDSL and torch; everything else on this
+class does not, so the runtime can key and load entries without them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ..resources import Budget
+from ..spec import Spec
+
+_TEMPLATES_DIR = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class LaunchShape:
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    dynamic_lds: int = 0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Argument:
+    """One launcher argument, in order: a 1-D tensor (pointer + i32 length) or an i32 scalar."""
+
+    name: str
+    kind: str  # "tensor" or "i32"
+    dtype: str  # torch dtype name for tensors, "int32" for scalars
+    doc: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Build:
+    """What Template.build returns: the @flyc.jit launcher and the placeholders to compile it with."""
+
+    launcher: Any
+    placeholders: tuple
+
+
+class Template(ABC):
+    """A kernel family. Subclasses set the class attributes and implement the methods."""
+
+    name: ClassVar[str]
+    spec_fields: ClassVar[tuple[str, ...]]
+    # Files (relative to mono_jit/templates/) whose bytes decide the kernel: their digest is
+    # part of the key. The shared DSL helpers are always included.
+    source_files: ClassVar[tuple[str, ...]]
+    persistent: ClassVar[bool] = False
+    budget: ClassVar[Budget] = Budget()
+    kernel_module: ClassVar[str]  # module (relative to this package) with build(spec) -> Build
+
+    def source_digest(self) -> str:
+        digest = hashlib.sha256()
+        for rel in sorted({"base.py", "_dsl.py", *self.source_files}):
+            digest.update(rel.encode() + b"\0" + (_TEMPLATES_DIR / rel).read_bytes() + b"\0")
+        return digest.hexdigest()
+
+    def key_spec(self, spec: Spec) -> dict[str, object]:
+        """The spec as the key sees it: only the fields this template reads."""
+        return spec.project(self.spec_fields)
+
+    @abstractmethod
+    def launch_shape(self, spec: Spec) -> LaunchShape:
+        ...
+
+    @abstractmethod
+    def arguments(self, spec: Spec) -> tuple[Argument, ...]:
+        ...
+
+    def build(self, spec: Spec) -> Build:
+        """Trace-ready launcher and placeholders (imports FlyDSL and torch)."""
+        module = importlib.import_module(self.kernel_module, __package__)
+        return module.build(spec)

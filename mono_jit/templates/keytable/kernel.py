@@ -1,0 +1,86 @@
+"""FlyDSL source of the key table (see the package docstring for the contract).
+
+One wave per row. The row is walked in chunks of 64 entries; each lane flags its entry valid,
+an inclusive prefix count over the wave gives its output position, and the wave total advances
+the running count. SWA entries are valid below swa_len and when >= 0; compressed entries when
+>= 0. CSA maps local index i to block_table[req, i // P] * P + i % P with P entries per page
+(vLLM's get_compressed_slot_mapping). Positions past the count are filled with -1.
+"""
+
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+import torch
+from flydsl.expr import const_expr, range_constexpr
+
+from ... import model
+from ...spec import Spec
+from .._dsl import WAVE, flat_view, inclusive_count, last_lane, load_scalar, store_scalar
+from ..base import Build
+
+SWA = model.SWA_WINDOW
+
+
+def build(spec: Spec) -> Build:
+    rows, width = spec.max_tokens, spec.topk_width
+    csa = spec.ratio == model.CSA_RATIO
+    row_width = width + SWA
+
+    @flyc.kernel
+    def keytable_kernel(SwaIdx: fx.Tensor, SwaLens: fx.Tensor, TokReq: fx.Tensor, TopK: fx.Tensor,
+                        BlockTable: fx.Tensor, Slots: fx.Tensor, Lens: fx.Tensor,
+                        m: fx.Int32, bt_stride: fx.Int32, per_page: fx.Int32):
+        row = fx.block_idx.x
+        lane = fx.thread_idx.x
+        if row < m:
+            swa_view, topk_view, out_view = flat_view(SwaIdx), flat_view(TopK), flat_view(Slots)
+            swa_len = load_scalar(flat_view(SwaLens), row, fx.Int32)
+            out_base = row * row_width
+            count = fx.Int32(0)
+            for c in range_constexpr(SWA // WAVE):
+                j = c * WAVE + lane
+                slot = load_scalar(swa_view, row * SWA + j, fx.Int32)
+                valid = (j < swa_len) & (slot >= 0)
+                position = inclusive_count(valid.select(1, 0), lane)
+                if valid:
+                    store_scalar(out_view, out_base + count + position - 1, slot, fx.Int32)
+                count = count + last_lane(position)
+            if const_expr(csa):
+                table_view = flat_view(BlockTable)
+                request = load_scalar(flat_view(TokReq), row, fx.Int32)
+            for c in range(0, width // WAVE):
+                index = load_scalar(topk_view, row * width + c * WAVE + lane, fx.Int32)
+                valid = index >= 0
+                if const_expr(csa):
+                    local = valid.select(index, 0)
+                    page = load_scalar(table_view, request * bt_stride + local // per_page, fx.Int32)
+                    slot = page * per_page + local % per_page
+                else:
+                    slot = index
+                position = inclusive_count(valid.select(1, 0), lane)
+                if valid:
+                    store_scalar(out_view, out_base + count + position - 1, slot, fx.Int32)
+                count = count + last_lane(position)
+            for c in range(0, row_width // WAVE):
+                j = c * WAVE + lane
+                if j >= count:
+                    store_scalar(out_view, out_base + j, -1, fx.Int32)
+            if lane == 0:
+                store_scalar(flat_view(Lens), row, count, fx.Int32)
+
+    @flyc.jit
+    def launch_keytable(SwaIdx: fx.Tensor, SwaLens: fx.Tensor, TokReq: fx.Tensor, TopK: fx.Tensor,
+                        BlockTable: fx.Tensor, Slots: fx.Tensor, Lens: fx.Tensor,
+                        m: fx.Int32, bt_stride: fx.Int32, per_page: fx.Int32,
+                        stream: fx.Stream = fx.Stream(None)):
+        keytable_kernel(SwaIdx, SwaLens, TokReq, TopK, BlockTable, Slots, Lens, m, bt_stride, per_page).launch(
+            grid=(rows, 1, 1), block=(WAVE, 1, 1), stream=stream)
+
+    def empty(n: int) -> torch.Tensor:
+        return torch.empty(n, dtype=torch.int32)
+
+    placeholders = (
+        empty(rows * SWA), empty(rows), empty(rows), empty(rows * width), empty(rows),
+        empty(rows * row_width), empty(rows), rows, 1, 1,
+    )
+    return Build(launch_keytable, placeholders)

@@ -1,0 +1,62 @@
+"""Template registry: the built-in families plus any a package adds through the entry-point
+group ``mono_jit.templates`` (each entry a Template subclass)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+
+from ..errors import MonoJitError
+from .base import Template
+
+ENTRY_POINT_GROUP = "mono_jit.templates"
+_log = logging.getLogger(__name__)
+_registry: dict[str, Template] = {}
+_loaded_entry_points = False
+
+
+def register(template_cls: type[Template]) -> type[Template]:
+    """Add a template class (usable as a decorator); a second class under one name is an error."""
+    instance = template_cls()
+    existing = _registry.get(instance.name)
+    if existing is not None and type(existing) is not template_cls:
+        raise MonoJitError(
+            f"template {instance.name!r} is registered twice: {type(existing).__module__} and {template_cls.__module__}"
+        )
+    _registry[instance.name] = instance
+    return template_cls
+
+
+def _load_entry_points() -> None:
+    global _loaded_entry_points
+    if _loaded_entry_points:
+        return
+    _loaded_entry_points = True
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            cls = ep.load()
+        except Exception as exc:  # a broken plug-in must not take the built-ins down
+            _log.warning("template entry point %s (%s) failed to load: %s", ep.name, ep.value, exc)
+            continue
+        if isinstance(cls, type) and issubclass(cls, Template):
+            if cls().name not in _registry:
+                register(cls)
+        else:
+            _log.warning("template entry point %s is not a Template subclass: %r", ep.name, cls)
+
+
+def _load_builtins() -> None:
+    from . import keytable, router  # noqa: F401  (registration happens on import)
+
+
+def all_templates() -> dict[str, Template]:
+    _load_builtins()
+    _load_entry_points()
+    return dict(sorted(_registry.items()))
+
+
+def get(name: str) -> Template:
+    templates = all_templates()
+    if name not in templates:
+        raise MonoJitError(f"template {name!r} is not registered; known: {', '.join(templates) or 'none'}")
+    return templates[name]

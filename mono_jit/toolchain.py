@@ -1,0 +1,242 @@
+"""The toolchain FlyDSL compiles with, its fingerprint for the cache key, and a clean environment.
+
+FlyDSL's embedded LLVM emits gfx950 code; the only external pieces are ``$ROCM_PATH/llvm/bin/
+ld.lld`` (must link code object v6: LLVM >= 19) and ``$ROCM_PATH/amdgcn/bitcode`` (FLYDSL.md).
+With no ROCm installed we stage a private ROCm-layout root of symlinks inside the writable
+cache and point ``ROCM_PATH`` at it. Nothing here imports FlyDSL or torch: the fingerprint comes
+from FlyDSL's installed RECORD (the sha256 of every file pip installed), so a serving process can
+compute cache keys cheaply.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import importlib.metadata
+import os
+import re
+import shutil
+import subprocess
+import uuid
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from .config import Settings
+from .errors import ToolchainError
+
+MIN_LLD_MAJOR = 19  # first LLVM whose lld accepts code object v6 (abi=600)
+FLYDSL_DIST = "flydsl"
+# FlyDSL reads these bare or prefixed variables; any of them can change or break the bytes.
+_UNSAFE_ENV = ("ARCH", "COMPILE_ONLY", "HSA_OVERRIDE_GFX_VERSION")
+_UNSAFE_ENV_PREFIXES = ("FLYDSL_",)
+
+
+@dataclass(frozen=True)
+class Linker:
+    path: Path
+    version: str  # e.g. "22.1.8"
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """Resolved compile toolchain: where it is and what identifies it."""
+
+    rocm_path: Path
+    linker: Linker
+    bitcode_dir: Path
+    flydsl_version: str
+
+    def fingerprint(self) -> dict[str, str]:
+        """The key factors: content digests and versions, never paths."""
+        return {
+            "flydsl": self.flydsl_version,
+            "flydsl_files": flydsl_files_digest(),
+            "ld_lld": self.linker.version,
+            "device_bitcode": bitcode_digest(self.bitcode_dir),
+        }
+
+
+@lru_cache(maxsize=None)
+def lld_version(path: Path) -> str:
+    """The version ld.lld reports, e.g. '22.1.8'; raises if it is not a usable lld."""
+    try:
+        out = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=30)
+    except OSError as exc:
+        raise ToolchainError(f"cannot run {path}: {exc}") from None
+    match = re.search(r"LLD (\d+)\.(\d+)(?:\.(\d+))?", out.stdout + out.stderr)
+    if out.returncode != 0 or not match:
+        raise ToolchainError(f"{path} is not an LLVM lld (it printed {out.stdout.strip()[:120]!r})")
+    return ".".join(g for g in match.groups() if g is not None)
+
+
+def _lld_candidates(settings: Settings) -> list[Path]:
+    found: list[Path] = []
+    if settings.ld_lld is not None:
+        return [settings.ld_lld]  # explicit: no fallback
+    for root in (os.environ.get("ROCM_PATH"), "/opt/rocm"):
+        if root:
+            found.append(Path(root) / "llvm" / "bin" / "ld.lld")
+    on_path = shutil.which("ld.lld")
+    if on_path:
+        found.append(Path(on_path))
+    versioned = glob.glob("/usr/lib/llvm-*/bin/ld.lld")
+    versioned.sort(key=lambda p: int(re.search(r"llvm-(\d+)", p).group(1)), reverse=True)  # type: ignore[union-attr]
+    found.extend(Path(p) for p in versioned)
+    return found
+
+
+def find_linker(settings: Settings) -> Linker:
+    """The first ld.lld that links code object v6 (ROCm's, then PATH, then /usr/lib/llvm-*)."""
+    rejected = []
+    for path in _lld_candidates(settings):
+        if not path.is_file():
+            continue
+        try:
+            version = lld_version(path)
+        except ToolchainError as exc:
+            rejected.append(str(exc))
+            continue
+        if int(version.split(".")[0]) >= MIN_LLD_MAJOR:
+            return Linker(path, version)
+        rejected.append(f"{path} is LLD {version} (< {MIN_LLD_MAJOR}: it refuses code object v6)")
+    detail = "; ".join(rejected) or "none found"
+    raise ToolchainError(
+        f"no ld.lld >= {MIN_LLD_MAJOR} for code object v6 ({detail}); on Debian 12: "
+        "apt-get install lld-22, or set MONO_JIT_LD_LLD"
+    )
+
+
+def find_bitcode(settings: Settings) -> Path:
+    """A folder of AMDGPU device bitcode (ocml.bc, ockl.bc, ...)."""
+    if settings.device_libs is not None:
+        candidates = [settings.device_libs]
+    else:
+        candidates = [Path(r) / "amdgcn" / "bitcode" for r in (os.environ.get("ROCM_PATH"), "/opt/rocm") if r]
+        candidates += [Path(p) for p in sorted(glob.glob("/usr/lib/*/amdgcn/bitcode"))]
+        candidates += [Path(p) for p in sorted(glob.glob("/usr/lib/llvm-*/lib/clang/*/lib/amdgcn/bitcode"))]
+    for folder in candidates:
+        if (folder / "ocml.bc").is_file():
+            return folder
+    raise ToolchainError(
+        "no AMDGPU device bitcode (ocml.bc) found in "
+        f"{', '.join(map(str, candidates)) or 'any known place'}; on Debian 12: "
+        "apt-get install rocm-device-libs, or set MONO_JIT_DEVICE_LIBS"
+    )
+
+
+@lru_cache(maxsize=None)
+def bitcode_digest(folder: Path) -> str:
+    """sha256 over (name, bytes) of every .bc file, as FlyDSL's toolkit fingerprint does."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.glob("*.bc")):
+        digest.update(path.name.encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def flydsl_version() -> str:
+    try:
+        return importlib.metadata.version(FLYDSL_DIST)
+    except importlib.metadata.PackageNotFoundError:
+        raise ToolchainError("FlyDSL is not installed (pip install flydsl==0.5.0)") from None
+
+
+@lru_cache(maxsize=None)
+def flydsl_files_digest() -> str:
+    """sha256 over the RECORD lines (path, sha256, size) of FlyDSL's installed package files.
+
+    pip checked each file against these hashes at install, so this covers every .py and native
+    library without reading hundreds of MB at every start. `mono-jit doctor` re-hashes the files
+    to catch edits made after install.
+    """
+    dist = importlib.metadata.distribution(FLYDSL_DIST)
+    record = dist.read_text("RECORD")
+    if record is None:
+        raise ToolchainError("FlyDSL's RECORD is missing: reinstall it with pip")
+    lines = sorted(
+        line for line in record.splitlines()
+        if line.startswith("flydsl") and "__pycache__" not in line and not line.split(",")[0].endswith(".pyc")
+    )
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def flydsl_files_modified() -> list[str]:
+    """Installed FlyDSL files whose bytes no longer match RECORD (slow: hashes everything)."""
+    import base64
+
+    dist = importlib.metadata.distribution(FLYDSL_DIST)
+    bad = []
+    for entry in dist.files or []:
+        if entry.hash is None or "__pycache__" in str(entry):
+            continue
+        data = Path(str(entry.locate())).read_bytes()
+        actual = base64.urlsafe_b64encode(hashlib.new(entry.hash.mode, data).digest()).rstrip(b"=").decode()
+        if actual != entry.hash.value:
+            bad.append(str(entry))
+    return bad
+
+
+def _is_rocm_root(root: Path, linker: Linker, bitcode: Path) -> bool:
+    try:
+        return (root / "llvm/bin/ld.lld").resolve() == linker.path.resolve() and (
+            (root / "amdgcn/bitcode").resolve() == bitcode.resolve()
+        )
+    except OSError:
+        return False
+
+
+def stage_root(base: Path, linker: Linker, bitcode: Path) -> Path:
+    """A private ROCm-layout root of symlinks: <base>/<digest>/{llvm/bin/ld.lld, amdgcn/bitcode}.
+
+    Published by one rename so concurrent stagers never see a half-built root.
+    """
+    name = hashlib.sha256(f"{linker.path.resolve()}\0{bitcode.resolve()}".encode()).hexdigest()[:16]
+    root = base / name
+    if _is_rocm_root(root, linker, bitcode):
+        return root
+    base.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = base / f".tmp-{uuid.uuid4().hex}"
+    (tmp / "llvm" / "bin").mkdir(parents=True)
+    (tmp / "amdgcn").mkdir()
+    (tmp / "llvm" / "bin" / "ld.lld").symlink_to(linker.path.resolve())
+    (tmp / "amdgcn" / "bitcode").symlink_to(bitcode.resolve())
+    try:
+        os.rename(tmp, root)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)  # another process staged it first
+        if not _is_rocm_root(root, linker, bitcode):
+            raise ToolchainError(f"could not stage a toolchain root at {root}") from None
+    return root
+
+
+def resolve_toolchain(settings: Settings) -> Toolchain:
+    """Find ld.lld and the bitcode; use $ROCM_PATH when it holds both, else stage a root."""
+    linker = find_linker(settings)
+    bitcode = find_bitcode(settings)
+    version = flydsl_version()
+    for candidate in (os.environ.get("ROCM_PATH"), "/opt/rocm"):
+        if candidate and _is_rocm_root(Path(candidate), linker, bitcode):
+            return Toolchain(Path(candidate), linker, bitcode, version)
+    staged = stage_root(settings.writable_root / "v1" / "toolchain", linker, bitcode)
+    return Toolchain(staged, linker, bitcode, version)
+
+
+def compile_environment(toolchain: Toolchain, arch: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a compile worker runs with: explicit arch, our ROCm root, no FlyDSL knobs.
+
+    FlyDSL reads a bare ARCH before FLYDSL_GPU_ARCH and silently targets gfx942 when it detects
+    nothing; a bare COMPILE_ONLY makes compile return None; FLYDSL_DEBUG_* embeds paths. Its
+    own disk cache is off: our cache is the only one, and its 0600 pickles would not be shared.
+    """
+    env = {
+        k: v for k, v in (os.environ if base is None else base).items()
+        if k not in _UNSAFE_ENV and not k.startswith(_UNSAFE_ENV_PREFIXES)
+    }
+    env.update(
+        FLYDSL_GPU_ARCH=arch,
+        ROCM_PATH=str(toolchain.rocm_path),
+        FLYDSL_RUNTIME_ENABLE_CACHE="0",
+        FLYDSL_DEBUG_ENABLE_DEBUG_INFO="0",
+    )
+    return env
