@@ -1,0 +1,48 @@
+"""Shared fixtures: a real gfx950 compile of a small grid, done once per session and copied."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from mono_jit.config import Settings
+from mono_jit.prebuild import prebuild
+from mono_jit.spec import Spec
+from mono_jit.templates import get
+
+SMALL_SPECS = [Spec(8, 128, 8192, 1), Spec(8, 4, 1024, 1)]
+
+
+def settings_at(root: Path, **extra: str) -> Settings:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("MONO_JIT_")}
+    environ.update(MONO_JIT_CACHE_DIR=str(root), **extra)
+    return Settings(environ)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path, monkeypatch):
+    """No test touches the user's cache: MONO_JIT_CACHE_DIR points into the test's tmp folder."""
+    for name in [n for n in os.environ if n.startswith("MONO_JIT_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("MONO_JIT_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="session")
+def golden_cache(tmp_path_factory) -> Path:
+    """A cache holding router and keytable for SMALL_SPECS, compiled for real (gfx950)."""
+    root = tmp_path_factory.mktemp("golden") / "cache"
+    summary, _ = prebuild([get("router"), get("keytable")], SMALL_SPECS, settings_at(root), jobs=2, timeout=600)
+    assert not summary.failed, summary.failed
+    assert summary.compiled == 3  # router reads only max_tokens: one build for both specs
+    return root
+
+
+@pytest.fixture
+def warm_cache(golden_cache, tmp_path) -> Path:
+    root = tmp_path / "warm"
+    shutil.copytree(golden_cache, root, symlinks=True)
+    os.chmod(root, 0o700)
+    return root
