@@ -25,3 +25,7 @@ def main(verbose: bool) -> None:
 for module in (build_cmds, store_cmds, info_cmds):
     for command in module.COMMANDS:
         main.add_command(command)
+
+
+if __name__ == "__main__":
+    main()
