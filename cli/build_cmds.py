@@ -16,7 +16,7 @@ from mono_jit.cache import Entry
 from mono_jit.compiler import compile_here
 from mono_jit.errors import MonoJitError, SpecError
 from mono_jit.prebuild import prebuild as run_prebuild
-from mono_jit.spec import RATIOS, STANDARD_MAX_TOKENS, SUPPORTED_ARCHS, Spec, deployment_grid
+from mono_jit.spec import RATIOS, STANDARD_MAX_TOKENS, SUPPORTED_ARCHS, deployment_grid
 from mono_jit.templates import all_templates, get
 from mono_jit.toolchain import compile_environment, resolve_toolchain
 from mono_jit.workers import WorkerPool
@@ -93,22 +93,12 @@ def _rebuild_hashes(entries: list[Entry], cache_dir: Path | None, jobs: int, tim
     for entry in entries:
         by_arch.setdefault(entry.arch, []).append(entry)
     for arch, group in by_arch.items():
+        items = [(entry.key, (entry.meta["template"], entry.meta["build_spec"])) for entry in group]
         with WorkerPool(jobs, compile_environment(toolchain, arch), compile_here, timeout) as pool:
-            queue = list(group)
-            while queue or pool.busy():
-                while queue and pool.has_idle():
-                    entry = queue.pop(0)
-                    spec = _spec_of(entry)
-                    pool.submit(entry.key, (entry.meta["template"], spec.as_dict()))
-                for outcome in pool.wait():
-                    out[outcome.job_id] = (hashlib.sha256(outcome.value["hsaco"]).hexdigest()
-                                           if outcome.status == "ok" else f"error: {outcome.value}")
+            for outcome in pool.run(items):
+                out[outcome.job_id] = (hashlib.sha256(outcome.value["hsaco"]).hexdigest()
+                                       if outcome.status == "ok" else f"error: {outcome.value}")
     return out
-
-
-def _spec_of(entry: Entry) -> Spec:
-    """The full spec the entry was compiled with (its unread fields do not change the bytes)."""
-    return Spec.from_dict(entry.meta["build_spec"])
 
 
 @click.command()

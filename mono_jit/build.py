@@ -20,6 +20,7 @@ from .errors import CompileError, InvalidCodeObject
 from .hsaco import inspect_code_object
 from .spec import Spec
 from .templates import Template
+from .workers import Outcome
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,11 @@ class BuildJob:
     def worker_args(self) -> tuple:
         return (self.template.name, self.spec.as_dict())
 
-    def finish(self, store: Store, result: dict) -> Entry:
-        """Check a worker's result and publish it; CompileError/ResourceError say why not."""
+    def finish(self, store: Store, outcome: Outcome) -> Entry:
+        """Check a worker's outcome and publish it; CompileError/ResourceError say why not."""
+        if outcome.status != "ok":
+            raise CompileError(_failure_message(self, outcome.status, outcome.value))
+        result = outcome.value
         hsaco: bytes = result["hsaco"]
         try:
             kernels = inspect_code_object(hsaco, self.arch)
@@ -97,7 +101,7 @@ class BuildJob:
         return store.publish(self.key, self.arch, hsaco, meta)
 
 
-def failure_message(job: BuildJob, status: str, detail: str) -> str:
+def _failure_message(job: BuildJob, status: str, detail: str) -> str:
     """A one-paragraph error naming the template and spec, with FlyDSL's own message."""
     lines = [line for line in str(detail).strip().splitlines() if line.strip()]
     head = lines[0] if lines else status

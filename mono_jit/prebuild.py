@@ -10,12 +10,12 @@ from __future__ import annotations
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from mono_jit.cache import Entry, Store
 from mono_jit.cache.lock import single_flight
 
-from .build import BuildJob, failure_message
+from .build import BuildJob
 from .compiler import compile_here
 from .config import Settings
 from .errors import MonoJitError
@@ -39,6 +39,16 @@ class PrebuildSummary:
     def record(self, job: BuildJob, entry: Entry) -> None:
         self.entries.append({"key": job.key, "template": job.template.name,
                              "spec": job.template.key_spec(job.spec), "path": str(entry.path)})
+
+    def hit(self, job: BuildJob, entry: Entry, notify: ProgressCallback) -> None:
+        self.hits += 1
+        self.record(job, entry)
+        notify("hit", job, "")
+
+    def fail(self, job: BuildJob, message: str, notify: ProgressCallback) -> None:
+        self.failed.append({"key": job.key, "template": job.template.name,
+                            "spec": job.template.key_spec(job.spec), "error": message})
+        notify("failed", job, message)
 
     def as_dict(self) -> dict:
         return {"compiled": self.compiled, "hits": self.hits, "failed": len(self.failed),
@@ -70,10 +80,8 @@ def prebuild(templates: list[Template], specs: list[Spec], settings: Settings, *
         entry = store.lookup(job.key, job.arch)
         if entry is None:
             misses.append(job)
-            continue
-        summary.hits += 1
-        summary.record(job, entry)
-        notify("hit", job, "")
+        else:
+            summary.hit(job, entry, notify)
     for arch in sorted({job.arch for job in misses}):
         env = compile_environment(toolchain, arch)
         _compile_all([j for j in misses if j.arch == arch], store, settings, env, jobs, timeout, summary, notify)
@@ -83,47 +91,41 @@ def prebuild(templates: list[Template], specs: list[Spec], settings: Settings, *
 
 def _compile_all(pending: list[BuildJob], store: Store, settings: Settings, env: dict[str, str], jobs: int,
                  timeout: float, summary: PrebuildSummary, notify: ProgressCallback) -> None:
+    """Compile `pending` on a pool, each under its key's lock, re-checking the store once locked."""
     locks: dict[str, ExitStack] = {}
     by_key = {job.key: job for job in pending}
-    queue = list(pending)
 
-    def fail(job: BuildJob, message: str) -> None:
-        summary.failed.append({"key": job.key, "template": job.template.name,
-                               "spec": job.template.key_spec(job.spec), "error": message})
-        notify("failed", job, message)
+    def still_missing() -> Iterator[tuple[str, tuple]]:
+        # Pulled lazily by the pool: a lock is taken only when a worker is free for the job.
+        for job in pending:
+            lock = ExitStack()
+            try:
+                lock.enter_context(single_flight(settings.locks(), job.key, settings.lock_timeout, job.label))
+            except MonoJitError as exc:
+                summary.fail(job, str(exc), notify)
+                continue
+            entry = store.lookup(job.key, job.arch)  # another process may have built it meanwhile
+            if entry is not None:
+                lock.close()
+                summary.hit(job, entry, notify)
+                continue
+            locks[job.key] = lock
+            yield job.key, job.worker_args()
 
-    with WorkerPool(jobs, env, compile_here, timeout) as pool:
-        while queue or pool.busy():
-            while queue and pool.has_idle():
-                job = queue.pop(0)
-                lock = ExitStack()
-                try:
-                    lock.enter_context(single_flight(settings.locks(), job.key, settings.lock_timeout, job.label))
-                except MonoJitError as exc:
-                    fail(job, str(exc))
-                    continue
-                entry = store.lookup(job.key, job.arch)  # another process may have built it meanwhile
-                if entry is not None:
-                    lock.close()
-                    summary.hits += 1
-                    summary.record(job, entry)
-                    notify("hit", job, "")
-                    continue
-                locks[job.key] = lock
-                pool.submit(job.key, job.worker_args())
-            for outcome in pool.wait():
+    try:
+        with WorkerPool(jobs, env, compile_here, timeout) as pool:
+            for outcome in pool.run(still_missing()):
                 job = by_key[outcome.job_id]
                 try:
-                    if outcome.status != "ok":
-                        fail(job, failure_message(job, outcome.status, outcome.value))
-                        continue
-                    try:
-                        entry = job.finish(store, outcome.value)
-                    except MonoJitError as exc:
-                        fail(job, str(exc))
-                        continue
+                    entry = job.finish(store, outcome)
+                except MonoJitError as exc:
+                    summary.fail(job, str(exc), notify)
+                else:
                     summary.compiled += 1
                     summary.record(job, entry)
                     notify("compiled", job, f"{outcome.seconds:.1f}s")
                 finally:
                     locks.pop(job.key).close()
+    finally:
+        for lock in locks.values():
+            lock.close()

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from mono_jit.cache import Entry, Store
 from mono_jit.cache.lock import single_flight
 
-from .build import BuildJob, failure_message
+from .build import BuildJob
 from .compiler import compile_here
 from .config import Settings
-from .errors import CaptureError, CompileError, OfflineMiss
+from .errors import CaptureError, OfflineMiss
 from .spec import Spec
 from .templates import Template, get
 from .toolchain import compile_environment, resolve_toolchain
@@ -59,11 +59,8 @@ def prebuild_command(job: BuildJob) -> str:
 def compile_job(job: BuildJob, store: Store, env: dict[str, str], timeout: float) -> Entry:
     """Compile one job in a fresh worker and publish it (the caller holds the key's lock)."""
     with WorkerPool(1, env, compile_here, timeout) as pool:
-        pool.submit(job.key, job.worker_args())
-        (outcome,) = pool.wait()
-    if outcome.status != "ok":
-        raise CompileError(failure_message(job, outcome.status, outcome.value))
-    return job.finish(store, outcome.value)
+        (outcome,) = pool.run([(job.key, job.worker_args())])
+    return job.finish(store, outcome)
 
 
 def resolve(template: str | Template, spec: Spec, *, settings: Settings | None = None,

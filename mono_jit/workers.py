@@ -13,7 +13,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 _SPAWN = multiprocessing.get_context("spawn")
 
@@ -86,27 +86,37 @@ class WorkerPool:
             worker.stop(kill=worker.job is not None)
         self._workers.clear()
 
-    def busy(self) -> int:
+    def run(self, items: Iterable[tuple[Any, tuple]]) -> Iterator[Outcome]:
+        """Run (job_id, args) items, pulling the iterable only when a worker is idle, and yield
+        each outcome as it finishes. Lazy pulling lets a caller decide per item, at dispatch
+        time, whether it still needs compiling (e.g. after taking the key's lock)."""
+        pending = iter(items)
+        exhausted = False
+        while True:
+            while not exhausted and self._busy() < self._size:
+                item = next(pending, None)
+                if item is None:
+                    exhausted = True
+                else:
+                    self._submit(*item)
+            if not self._busy():
+                return
+            yield from self._wait()
+
+    def _busy(self) -> int:
         return sum(1 for w in self._workers if w.job is not None)
 
-    def has_idle(self) -> bool:
-        return self.busy() < self._size
-
-    def submit(self, job_id: Any, args: tuple) -> None:
+    def _submit(self, job_id: Any, args: tuple) -> None:
         worker = next((w for w in self._workers if w.job is None), None)
         if worker is None:
-            if len(self._workers) >= self._size:
-                raise RuntimeError("no idle worker: check has_idle() before submit()")
             worker = _Worker(self._env, self._target)
             self._workers.append(worker)
         worker.conn.send((job_id, args))
         worker.job, worker.started = job_id, time.monotonic()
 
-    def wait(self) -> list[Outcome]:
+    def _wait(self) -> list[Outcome]:
         """Block until at least one running job finishes, fails or times out."""
         running = [w for w in self._workers if w.job is not None]
-        if not running:
-            return []
         while True:
             now = time.monotonic()
             deadline = min(w.started + self._timeout for w in running)
