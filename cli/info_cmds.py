@@ -33,7 +33,7 @@ def doctor(deep, cache_dir, as_json):
     def toolchain():
         tc = resolve_toolchain(settings)
         return {"rocm_path": str(tc.rocm_path), "ld_lld": str(tc.linker.path), "bitcode": str(tc.bitcode_dir),
-                **tc.fingerprint()}
+                **tc.fingerprint}
 
     def cache():
         store = Store(settings)

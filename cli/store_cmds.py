@@ -114,7 +114,7 @@ def explain(template, tp, ratio, topk_width, max_tokens, arch, cache_dir, as_jso
         raise click.UsageError(str(exc))
     settings = settings_for(cache_dir)
     store = Store(settings)
-    job = BuildJob.plan(get(template), spec, resolve_toolchain(settings).fingerprint())
+    job = BuildJob.plan(get(template), spec, resolve_toolchain(settings).fingerprint)
     hit = store.lookup(job.key, arch)
     candidates = [e for e in _good(store) if e.meta["template"] == template]
     nearest = min(candidates, key=lambda e: len(diff(job.factors, e.meta["factors"])), default=None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from mono_jit.cache import Entry, Store, key_factors, cache_key
 from mono_jit.cache.store import META_SCHEMA
@@ -20,7 +21,9 @@ from .errors import CompileError, InvalidCodeObject
 from .hsaco import inspect_code_object
 from .spec import Spec
 from .templates import Template
-from .workers import Outcome
+
+if TYPE_CHECKING:  # workers pulls in multiprocessing: keep it off the cache-hit path
+    from .workers import Outcome
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,7 @@ class BuildJob:
     def worker_args(self) -> tuple:
         return (self.template.name, self.spec.as_dict())
 
-    def finish(self, store: Store, outcome: Outcome) -> Entry:
+    def finish(self, store: Store, outcome: "Outcome") -> Entry:
         """Check a worker's outcome and publish it; CompileError/ResourceError say why not."""
         if outcome.status != "ok":
             raise CompileError(_failure_message(self, outcome.status, outcome.value))

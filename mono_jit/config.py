@@ -11,8 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
-import platformdirs
-
 
 @dataclass(frozen=True)
 class Setting:
@@ -33,6 +31,12 @@ def _paths(text: str) -> tuple[Path, ...]:
     return tuple(Path(p).expanduser() for p in text.split(os.pathsep) if p)
 
 
+def _default_cache_dir() -> Path:
+    import platformdirs  # only when MONO_JIT_CACHE_DIR is unset
+
+    return Path(platformdirs.user_cache_dir("mono-jit"))
+
+
 def _seconds(text: str) -> float:
     value = float(text)
     if value <= 0:
@@ -43,7 +47,7 @@ def _seconds(text: str) -> float:
 # name, variable, parser, default factory, help
 _TABLE: tuple[tuple[str, str, Callable[[str], object], Callable[[], object], str], ...] = (
     ("cache_dir", "MONO_JIT_CACHE_DIR", lambda s: Path(s).expanduser(),
-     lambda: Path(platformdirs.user_cache_dir("mono-jit")), "the writable cache root"),
+     _default_cache_dir, "the writable cache root"),
     ("cache_path", "MONO_JIT_CACHE_PATH", _paths, tuple,
      "read-only cache roots searched before the writable one (colon-separated)"),
     ("lock_dir", "MONO_JIT_LOCK_DIR", lambda s: Path(s).expanduser(), lambda: None,

@@ -7,11 +7,8 @@ symbol, kernarg layout, register counts, LDS, scratch, spills and wave size per 
 from __future__ import annotations
 
 import io
+import struct
 from dataclasses import asdict, dataclass, field
-
-import msgpack
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
 
 from .errors import InvalidCodeObject
 
@@ -78,27 +75,39 @@ def _kernel_info(raw: dict) -> KernelInfo:
     )
 
 
+# Fixed offsets of the ELF64 little-endian header fields the load check needs. Every cache load
+# runs this check; reading three fields with struct keeps pyelftools (about 20 ms to import) off
+# that path. The metadata note, which needs real ELF parsing, still goes through pyelftools.
+_ELF64_LSB = b"\x7fELF\x02\x01"
+_EI_ABIVERSION = 8
+_E_MACHINE = struct.Struct("<H")  # at 18
+_E_FLAGS = struct.Struct("<I")  # at 48
+
+
 def check_header(data: bytes, arch: str) -> None:
     """Raise unless `data` is an ELF code object v6 for the AMDGPU `arch`."""
     if len(data) < 64 or data[:4] != b"\x7fELF":
         raise InvalidCodeObject(f"not an ELF file ({len(data)} bytes)")
-    try:
-        header = ELFFile(io.BytesIO(data)).header
-    except ELFError as exc:
-        raise InvalidCodeObject(f"unreadable ELF header: {exc}") from None
-    machine = header.e_machine
-    if machine not in ("EM_AMDGPU", EM_AMDGPU):
+    if data[:6] != _ELF64_LSB:
+        raise InvalidCodeObject("not a 64-bit little-endian ELF file")
+    (machine,) = _E_MACHINE.unpack_from(data, 18)
+    if machine != EM_AMDGPU:
         raise InvalidCodeObject(f"e_machine {machine}: expected AMDGPU ({EM_AMDGPU})")
-    mach = header.e_flags & EF_AMDGPU_MACH_MASK
+    (flags,) = _E_FLAGS.unpack_from(data, 48)
+    mach = flags & EF_AMDGPU_MACH_MASK
     if mach != MACH_BY_ARCH[arch]:
-        raise InvalidCodeObject(f"e_flags {header.e_flags:#x}: machine {mach:#x} is not {arch} ({MACH_BY_ARCH[arch]:#x})")
-    abi = header.e_ident["EI_ABIVERSION"]
+        raise InvalidCodeObject(f"e_flags {flags:#x}: machine {mach:#x} is not {arch} ({MACH_BY_ARCH[arch]:#x})")
+    abi = data[_EI_ABIVERSION]
     if abi != CODE_OBJECT_V6_ABI:
         raise InvalidCodeObject(f"EI_ABIVERSION {abi}: expected {CODE_OBJECT_V6_ABI} (code object v6)")
 
 
 def read_metadata(data: bytes) -> tuple[str, list[KernelInfo]]:
     """(amdhsa.target, kernels) from the code object's AMDGPU metadata note."""
+    import msgpack
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
     try:
         elf = ELFFile(io.BytesIO(data))
         for section in elf.iter_sections():

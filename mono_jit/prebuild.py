@@ -70,7 +70,7 @@ def prebuild(templates: list[Template], specs: list[Spec], settings: Settings, *
     started = time.perf_counter()
     store = Store(settings)
     toolchain = resolve_toolchain(settings)
-    planned = plan(templates, specs, toolchain.fingerprint())
+    planned = plan(templates, specs, toolchain.fingerprint)
     if on_plan is not None:
         on_plan(len(planned))
     summary = PrebuildSummary()

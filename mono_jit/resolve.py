@@ -13,16 +13,13 @@ import sys
 from dataclasses import dataclass
 
 from mono_jit.cache import Entry, Store
-from mono_jit.cache.lock import single_flight
 
 from .build import BuildJob
-from .compiler import compile_here
 from .config import Settings
 from .errors import CaptureError, OfflineMiss
 from .spec import Spec
 from .templates import Template, get
 from .toolchain import compile_environment, resolve_toolchain
-from .workers import WorkerPool
 
 
 @dataclass(frozen=True)
@@ -58,6 +55,9 @@ def prebuild_command(job: BuildJob) -> str:
 
 def compile_job(job: BuildJob, store: Store, env: dict[str, str], timeout: float) -> Entry:
     """Compile one job in a fresh worker and publish it (the caller holds the key's lock)."""
+    from .compiler import compile_here  # the miss path only: a hit never loads the compile side
+    from .workers import WorkerPool
+
     with WorkerPool(1, env, compile_here, timeout) as pool:
         (outcome,) = pool.run([(job.key, job.worker_args())])
     return job.finish(store, outcome)
@@ -74,7 +74,7 @@ def resolve(template: str | Template, spec: Spec, *, settings: Settings | None =
     store = store or Store(settings)
     template = get(template) if isinstance(template, str) else template
     toolchain = resolve_toolchain(settings)
-    job = BuildJob.plan(template, spec, toolchain.fingerprint())
+    job = BuildJob.plan(template, spec, toolchain.fingerprint)
     entry = store.lookup(job.key, job.arch)
     if entry is not None:
         return Resolved(entry, compiled=False)
@@ -83,6 +83,8 @@ def resolve(template: str | Template, spec: Spec, *, settings: Settings | None =
             f"{job.label} [{spec.label()}] is not in the cache (key {job.key[:16]}) and MONO_JIT_OFFLINE=1; "
             f"fill it with: {prebuild_command(job)}  (mono-jit explain shows why it missed)"
         )
+    from mono_jit.cache.lock import single_flight  # filelock: only a miss needs it
+
     with single_flight(settings.locks(), job.key, settings.lock_timeout, job.label):
         entry = store.lookup(job.key, job.arch)
         if entry is not None:

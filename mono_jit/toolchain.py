@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import importlib.metadata
+import importlib.util
+import json
 import os
 import re
 import shutil
-import subprocess
 import uuid
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
+from typing import Callable
 
 from .config import Settings
 from .errors import ToolchainError
@@ -40,26 +40,62 @@ class Linker:
 
 @dataclass(frozen=True)
 class Toolchain:
-    """Resolved compile toolchain: where it is and what identifies it."""
+    """Resolved compile toolchain: where it is, and its fingerprint (the key factors: content
+    digests and versions, never paths)."""
 
     rocm_path: Path
     linker: Linker
     bitcode_dir: Path
-    flydsl_version: str
-
-    def fingerprint(self) -> dict[str, str]:
-        """The key factors: content digests and versions, never paths."""
-        return {
-            "flydsl": self.flydsl_version,
-            "flydsl_files": flydsl_files_digest(),
-            "ld_lld": self.linker.version,
-            "device_bitcode": bitcode_digest(self.bitcode_dir),
-        }
+    fingerprint: dict[str, str]
 
 
-@lru_cache(maxsize=None)
+class ProbeMemo:
+    """Results of slow probes (running ld.lld, hashing the bitcode) keyed by the stat signature
+    (path, size, mtime, inode) of the files probed, kept in one JSON file, the way ccache knows a
+    compiler by its mtime and size. The values are content facts; a changed signature only means
+    "probe again". A lost or unreadable memo costs a probe, never a wrong answer."""
+
+    def __init__(self, path: Path | None) -> None:
+        self._path = path
+        self._data: dict[str, str] = {}
+        if path is not None:
+            try:
+                loaded = json.loads(path.read_text())
+                self._data = loaded if isinstance(loaded, dict) else {}
+            except (OSError, ValueError):
+                pass
+
+    @staticmethod
+    def signature(kind: str, files: list[Path]) -> str:
+        parts = [kind]
+        for file in files:
+            st = file.stat()
+            parts.append(f"{file.resolve()}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}")
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+    def get(self, kind: str, files: list[Path], probe: Callable[[], str]) -> str:
+        sig = self.signature(kind, files)
+        if sig not in self._data:
+            self._data[sig] = probe()
+            self._save()
+        return self._data[sig]
+
+    def _save(self) -> None:
+        if self._path is None:
+            return
+        try:
+            self._path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            tmp = self._path.with_name(f".{self._path.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}")
+            tmp.write_text(json.dumps(self._data, sort_keys=True))
+            os.replace(tmp, self._path)
+        except OSError:
+            pass  # the memo is an optimisation only
+
+
 def lld_version(path: Path) -> str:
     """The version ld.lld reports, e.g. '22.1.8'; raises if it is not a usable lld."""
+    import subprocess  # only when the probe memo has no answer
+
     try:
         out = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=30)
     except OSError as exc:
@@ -86,14 +122,15 @@ def _lld_candidates(settings: Settings) -> list[Path]:
     return found
 
 
-def find_linker(settings: Settings) -> Linker:
+def find_linker(settings: Settings, memo: ProbeMemo | None = None) -> Linker:
     """The first ld.lld that links code object v6 (ROCm's, then PATH, then /usr/lib/llvm-*)."""
+    memo = memo or ProbeMemo(None)
     rejected = []
     for path in _lld_candidates(settings):
         if not path.is_file():
             continue
         try:
-            version = lld_version(path)
+            version = memo.get("ld.lld --version", [path], lambda: lld_version(path))
         except ToolchainError as exc:
             rejected.append(str(exc))
             continue
@@ -125,7 +162,6 @@ def find_bitcode(settings: Settings) -> Path:
     )
 
 
-@lru_cache(maxsize=None)
 def bitcode_digest(folder: Path) -> str:
     """sha256 over (name, bytes) of every .bc file, as FlyDSL's toolkit fingerprint does."""
     digest = hashlib.sha256()
@@ -135,25 +171,35 @@ def bitcode_digest(folder: Path) -> str:
     return digest.hexdigest()
 
 
-def flydsl_version() -> str:
-    try:
-        return importlib.metadata.version(FLYDSL_DIST)
-    except importlib.metadata.PackageNotFoundError:
-        raise ToolchainError("FlyDSL is not installed (pip install flydsl==0.5.0)") from None
+def flydsl_dist_info() -> Path:
+    """FlyDSL's installed .dist-info folder, found beside the package without importing it
+    (importlib.metadata's scan of every distribution costs more than the whole cache load)."""
+    spec = importlib.util.find_spec(FLYDSL_DIST)
+    if spec is None or not spec.submodule_search_locations:
+        raise ToolchainError("FlyDSL is not installed (pip install flydsl==0.5.0)")
+    site = Path(next(iter(spec.submodule_search_locations))).parent
+    found = sorted(site.glob(f"{FLYDSL_DIST}-*.dist-info"))
+    if len(found) != 1:
+        raise ToolchainError(f"expected one {FLYDSL_DIST}-*.dist-info in {site}, found {len(found)}: reinstall FlyDSL")
+    return found[0]
 
 
-@lru_cache(maxsize=None)
-def flydsl_files_digest() -> str:
+def flydsl_version(dist_info: Path) -> str:
+    """The version in the .dist-info folder's name (normalised by the wheel spec)."""
+    return dist_info.name[len(FLYDSL_DIST) + 1: -len(".dist-info")]
+
+
+def flydsl_files_digest(dist_info: Path) -> str:
     """sha256 over the RECORD lines (path, sha256, size) of FlyDSL's installed package files.
 
     pip checked each file against these hashes at install, so this covers every .py and native
-    library without reading hundreds of MB at every start. `mono-jit doctor` re-hashes the files
-    to catch edits made after install.
+    library without reading hundreds of MB at every start. `mono-jit doctor --deep` re-hashes the
+    files to catch edits made after install.
     """
-    dist = importlib.metadata.distribution(FLYDSL_DIST)
-    record = dist.read_text("RECORD")
-    if record is None:
-        raise ToolchainError("FlyDSL's RECORD is missing: reinstall it with pip")
+    try:
+        record = (dist_info / "RECORD").read_text()
+    except OSError:
+        raise ToolchainError(f"FlyDSL's RECORD is missing in {dist_info}: reinstall it with pip") from None
     lines = sorted(
         line for line in record.splitlines()
         if line.startswith("flydsl") and "__pycache__" not in line and not line.split(",")[0].endswith(".pyc")
@@ -164,6 +210,7 @@ def flydsl_files_digest() -> str:
 def flydsl_files_modified() -> list[str]:
     """Installed FlyDSL files whose bytes no longer match RECORD (slow: hashes everything)."""
     import base64
+    import importlib.metadata  # doctor only: its scan of every distribution is fine here
 
     dist = importlib.metadata.distribution(FLYDSL_DIST)
     bad = []
@@ -210,16 +257,36 @@ def stage_root(base: Path, linker: Linker, bitcode: Path) -> Path:
     return root
 
 
+_resolved: dict[tuple, Toolchain] = {}
+
+
 def resolve_toolchain(settings: Settings) -> Toolchain:
-    """Find ld.lld and the bitcode; use $ROCM_PATH when it holds both, else stage a root."""
-    linker = find_linker(settings)
+    """Find ld.lld and the bitcode, fingerprint them with FlyDSL, and pick the ROCm root:
+    $ROCM_PATH (or /opt/rocm) when it holds both, else a staged one. Resolved once per process
+    for the settings and ROCM_PATH that decide it: a runner resolves a whole grid with it."""
+    decided_by = (settings.ld_lld, settings.device_libs, settings.writable_root, os.environ.get("ROCM_PATH"))
+    if decided_by not in _resolved:
+        _resolved[decided_by] = _resolve_toolchain(settings)
+    return _resolved[decided_by]
+
+
+def _resolve_toolchain(settings: Settings) -> Toolchain:
+    toolchain_dir = settings.writable_root / "v1" / "toolchain"
+    memo = ProbeMemo(toolchain_dir / "probes.json")
+    linker = find_linker(settings, memo)
     bitcode = find_bitcode(settings)
-    version = flydsl_version()
+    dist_info = flydsl_dist_info()
+    bitcode_files = sorted(bitcode.glob("*.bc"))
+    fingerprint = {
+        "flydsl": flydsl_version(dist_info),
+        "flydsl_files": flydsl_files_digest(dist_info),
+        "ld_lld": linker.version,
+        "device_bitcode": memo.get("bitcode", bitcode_files, lambda: bitcode_digest(bitcode)),
+    }
     for candidate in (os.environ.get("ROCM_PATH"), "/opt/rocm"):
         if candidate and _is_rocm_root(Path(candidate), linker, bitcode):
-            return Toolchain(Path(candidate), linker, bitcode, version)
-    staged = stage_root(settings.writable_root / "v1" / "toolchain", linker, bitcode)
-    return Toolchain(staged, linker, bitcode, version)
+            return Toolchain(Path(candidate), linker, bitcode, fingerprint)
+    return Toolchain(stage_root(toolchain_dir, linker, bitcode), linker, bitcode, fingerprint)
 
 
 def compile_environment(toolchain: Toolchain, arch: str, base: dict[str, str] | None = None) -> dict[str, str]:

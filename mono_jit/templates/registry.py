@@ -3,7 +3,6 @@ group ``mono_jit.templates`` (each entry a Template subclass)."""
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 
 from ..errors import MonoJitError
@@ -32,6 +31,8 @@ def _load_entry_points() -> None:
     if _loaded_entry_points:
         return
     _loaded_entry_points = True
+    import importlib.metadata  # slow to import and to scan: only when a plug-in is asked for
+
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         try:
             cls = ep.load()
@@ -56,6 +57,11 @@ def all_templates() -> dict[str, Template]:
 
 
 def get(name: str) -> Template:
+    """The template called `name`. Built-ins win over plug-ins, so they are looked up without
+    scanning the entry points (a scan of every installed distribution)."""
+    _load_builtins()
+    if name in _registry:
+        return _registry[name]
     templates = all_templates()
     if name not in templates:
         raise MonoJitError(f"template {name!r} is not registered; known: {', '.join(templates) or 'none'}")

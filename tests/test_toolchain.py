@@ -1,0 +1,51 @@
+"""Toolchain probes and the cache-hit path's imports."""
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import settings_at
+from mono_jit.toolchain import ProbeMemo, resolve_toolchain
+
+
+def test_probe_memo_reprobes_only_when_the_file_changes(tmp_path):
+    target = tmp_path / "tool"
+    target.write_text("v1")
+    memo_file = tmp_path / "memo.json"
+    calls = []
+
+    def probe():
+        calls.append(1)
+        return f"probe{len(calls)}"
+
+    assert ProbeMemo(memo_file).get("k", [target], probe) == "probe1"
+    assert ProbeMemo(memo_file).get("k", [target], probe) == "probe1"  # from the file
+    target.write_text("v2 longer")
+    assert ProbeMemo(memo_file).get("k", [target], probe) == "probe2"
+    memo_file.write_text("{not json")
+    assert ProbeMemo(memo_file).get("k", [target], probe) == "probe3"  # a bad memo only costs a probe
+    assert len(calls) == 3
+
+
+def test_fingerprint_has_no_paths_and_is_stable(tmp_path):
+    a = resolve_toolchain(settings_at(tmp_path / "a")).fingerprint
+    b = resolve_toolchain(settings_at(tmp_path / "b")).fingerprint
+    assert a == b
+    assert set(a) == {"flydsl", "flydsl_files", "ld_lld", "device_bitcode"}
+    assert a["flydsl"] == "0.5.0" and "/" not in json.dumps(a)
+
+
+HIT = """
+import sys
+from mono_jit.resolve import resolve
+from mono_jit.spec import Spec
+assert not resolve("keytable", Spec(8, 128, 8192, 1)).compiled
+print(" ".join(m for m in ("flydsl", "torch", "filelock", "multiprocessing") if m in sys.modules))
+"""
+
+
+def test_cache_hit_imports_neither_flydsl_torch_nor_the_compile_side(warm_cache):
+    env = {**os.environ, "MONO_JIT_CACHE_DIR": str(warm_cache)}
+    out = subprocess.run([sys.executable, "-c", HIT], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
