@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 
 from mono_jit.errors import BundleError
 
-from .store import HSACO_NAME, META_NAME, CorruptEntry, Entry, Layer, Store, read_entry
+from .store import HSACO_NAME, META_NAME, CorruptEntry, Entry, Store, verify_entry
 
 BUNDLE_SCHEMA = "mono-jit-bundle/1"
 MANIFEST = "manifest.json"
@@ -117,18 +117,12 @@ def import_bundle(store: Store, bundle: Path) -> dict:
 
 
 def _verified(arch: str, key: str, blobs: dict[str, bytes]) -> tuple[bytes, dict]:
-    """Check one bundled entry exactly as a load would, in a scratch folder."""
-    import tempfile
-
+    """Check one bundled entry exactly as a load would."""
     if set(blobs) != {HSACO_NAME, META_NAME}:
         raise BundleError(f"bundled entry {arch}/{key} lacks {HSACO_NAME} or {META_NAME}")
-    with tempfile.TemporaryDirectory() as scratch:
-        path = Path(scratch) / key
-        path.mkdir()
-        for name, blob in blobs.items():
-            (path / name).write_bytes(blob)
-        try:
-            entry = read_entry(Layer(Path(scratch), writable=False), path, arch)
-        except CorruptEntry as exc:
-            raise BundleError(f"bundled entry {arch}/{key} is bad: {exc}") from None
-    return entry.hsaco, entry.meta
+    try:
+        meta = json.loads(blobs[META_NAME])
+        verify_entry(key, arch, meta, blobs[HSACO_NAME])
+    except (ValueError, CorruptEntry) as exc:
+        raise BundleError(f"bundled entry {arch}/{key} is bad: {exc}") from None
+    return blobs[HSACO_NAME], meta

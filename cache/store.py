@@ -86,12 +86,17 @@ def _fsync_dir(path: Path) -> None:
 
 def read_entry(layer: Layer, path: Path, arch: str) -> Entry:
     """Load and verify the entry at `path`; CorruptEntry says what is wrong."""
-    key = path.name
     try:
         meta = json.loads((path / META_NAME).read_text())
         hsaco = (path / HSACO_NAME).read_bytes()
     except (OSError, ValueError) as exc:
         raise CorruptEntry(f"unreadable: {exc}") from None
+    verify_entry(path.name, arch, meta, hsaco)
+    return Entry(layer, path, path.name, arch, meta, hsaco)
+
+
+def verify_entry(key: str, arch: str, meta: object, hsaco: bytes) -> None:
+    """The checks every load (and every bundle import) makes; CorruptEntry says what is wrong."""
     if not isinstance(meta, dict) or meta.get("schema") != META_SCHEMA:
         raise CorruptEntry(f"meta.json schema {meta.get('schema') if isinstance(meta, dict) else None!r} is not {META_SCHEMA}")
     if meta.get("key") != key or cache_key(meta.get("factors", {})) != key:
@@ -107,7 +112,6 @@ def read_entry(layer: Layer, path: Path, arch: str) -> Entry:
         check_header(hsaco, arch)
     except InvalidCodeObject as exc:
         raise CorruptEntry(str(exc)) from None
-    return Entry(layer, path, key, arch, meta, hsaco)
 
 
 class Store:
@@ -190,6 +194,8 @@ class Store:
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
+        # Read back through the load path on purpose: it proves the published copy (or the
+        # racing winner's) is whole before anyone is told it exists.
         return read_entry(self.writable, final, arch)
 
     def quarantine(self, layer: Layer, path: Path, reason: str) -> None:

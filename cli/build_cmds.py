@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from pathlib import Path
 
 import click
 from rich.console import Console
@@ -14,6 +13,7 @@ from mono_jit import model
 from mono_jit.build import BuildJob
 from mono_jit.cache import Entry
 from mono_jit.compiler import compile_here
+from mono_jit.config import Settings
 from mono_jit.errors import MonoJitError, SpecError
 from mono_jit.prebuild import prebuild as run_prebuild
 from mono_jit.spec import RATIOS, STANDARD_MAX_TOKENS, SUPPORTED_ARCHS, deployment_grid
@@ -84,9 +84,8 @@ def prebuild(tp, max_model_len, max_tokens, ratio, template_names, arch, jobs, t
         raise SystemExit(1)
 
 
-def _rebuild_hashes(entries: list[Entry], cache_dir: Path | None, jobs: int, timeout: float) -> dict[str, str]:
+def _rebuild_hashes(entries: list[Entry], settings: Settings, jobs: int, timeout: float) -> dict[str, str]:
     """Recompile each entry's template and spec in workers; {key: sha256 of the new bytes, or error}."""
-    settings = settings_for(cache_dir)
     toolchain = resolve_toolchain(settings)
     out: dict[str, str] = {}
     by_arch: dict[str, list[Entry]] = {}
@@ -115,23 +114,24 @@ def verify(rebuild, jobs, timeout, cache_dir, as_json):
     reported here and quarantined at their next load.
     """
     store = store_for(cache_dir)
-    good: list[Entry] = []
+    good: dict[str, Entry] = {}
     results = []
     for item in store.entries():
         if isinstance(item, Entry):
-            good.append(item)
+            good[item.key] = item
             results.append({"key": item.key, "template": item.meta["template"], "ok": True})
         else:
             path, reason = item
             results.append({"key": path.name, "ok": False, "error": reason})
     if rebuild and good:
-        fresh = _rebuild_hashes(good, cache_dir, jobs, timeout)
+        fresh = _rebuild_hashes(list(good.values()), store.settings, jobs, timeout)
         for row in results:
             if row["ok"]:
-                entry = next(e for e in good if e.key == row["key"])
-                row["rebuilt_sha256"] = fresh.get(entry.key)
-                row["identical"] = fresh.get(entry.key) == entry.meta["hsaco"]["sha256"]
+                row["rebuilt_sha256"] = fresh.get(row["key"])
+                row["identical"] = row["rebuilt_sha256"] == good[row["key"]].meta["hsaco"]["sha256"]
                 row["ok"] = row["identical"]
+                if not row["identical"]:
+                    row["error"] = f"rebuilt bytes differ ({row['rebuilt_sha256']})"
     bad = [r for r in results if not r["ok"]]
     if as_json:
         emit_json({"entries": results, "bad": len(bad), "rebuild": rebuild})

@@ -48,13 +48,6 @@ class KernelInfo:
     def as_dict(self) -> dict:
         return asdict(self)
 
-    @classmethod
-    def from_dict(cls, data: dict) -> "KernelInfo":
-        data = dict(data)
-        data["args"] = tuple(KernelArg(**a) for a in data["args"])
-        data["reqd_workgroup_size"] = tuple(data.get("reqd_workgroup_size", ()))
-        return cls(**data)
-
 
 def _kernel_info(raw: dict) -> KernelInfo:
     return KernelInfo(

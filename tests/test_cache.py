@@ -1,5 +1,6 @@
 """The store, for real: compiled gfx950 entries, corruption, read-only layers, races, bundles."""
 
+import hashlib
 import io
 import json
 import os
@@ -129,4 +130,10 @@ def test_bundle_round_trip_and_refusals(warm_cache, tmp_path):
     tampered = [(n, d[:-1] + bytes([d[-1] ^ 1]) if n.endswith("kernel.hsaco") else d) for n, d in members]
     with pytest.raises(BundleError, match="checksum"):
         import_bundle(Store(settings_at(tmp_path / "other")), tar_with(tampered))
+    # A consistent manifest over a tampered kernel: the entry check (meta's sha256) refuses it.
+    files = {n: {"size": len(d), "sha256": hashlib.sha256(d).hexdigest()} for n, d in tampered if n != "manifest.json"}
+    relabelled = [("manifest.json", json.dumps({"schema": "mono-jit-bundle/1", "files": files}).encode())]
+    relabelled += [(n, d) for n, d in tampered if n != "manifest.json"]
+    with pytest.raises(BundleError, match="is bad: kernel.hsaco's sha256"):
+        import_bundle(Store(settings_at(tmp_path / "other")), tar_with(relabelled))
     assert not list((tmp_path / "other" / "v1").glob("gfx950/*"))
