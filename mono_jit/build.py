@@ -9,6 +9,7 @@ the arch, launches matching the template's launch shape, and the resource gate.
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -18,7 +19,7 @@ from mono_jit.cache.store import META_SCHEMA
 
 from . import __version__, resources
 from .errors import CompileError, InvalidCodeObject
-from .hsaco import inspect_code_object
+from .hsaco import KernelInfo, inspect_code_object
 from .spec import Spec
 from .templates import Template
 
@@ -61,26 +62,7 @@ class BuildJob:
             kernels = inspect_code_object(hsaco, self.arch)
         except InvalidCodeObject as exc:
             raise CompileError(f"{self.label}: FlyDSL produced a bad code object: {exc}") from None
-        shape = self.template.launch_shape(self.spec)
-        launches = result["launches"]
-        by_name = {k.name: k for k in kernels}
-        residency = {}
-        for launch in launches:
-            if launch["grid"] != list(shape.grid) or launch["block"] != list(shape.block) \
-                    or launch["dynamic_lds"] != shape.dynamic_lds:
-                raise CompileError(
-                    f"{self.label}: launch {launch} differs from the template's launch shape {shape.as_dict()}"
-                )
-            kernel = by_name.get(launch["kernel"])
-            if kernel is None:
-                raise CompileError(f"{self.label}: launched kernel {launch['kernel']!r} is not in the code object")
-            residency[kernel.name] = resources.check(
-                kernel, block=shape.block[0] * shape.block[1] * shape.block[2],
-                grid=shape.grid[0] * shape.grid[1] * shape.grid[2], dynamic_lds=shape.dynamic_lds,
-                persistent=self.template.persistent, budget=self.template.budget, what=self.label,
-            ).as_dict()
-        if not launches:
-            raise CompileError(f"{self.label}: the launcher launched no kernel")
+        residency = self._check_launches(kernels, result["launches"])
         meta = {
             "schema": META_SCHEMA,
             "key": self.key,
@@ -91,8 +73,8 @@ class BuildJob:
             "arch": self.arch,
             "hsaco": {"size": len(hsaco), "sha256": hashlib.sha256(hsaco).hexdigest()},
             "kernels": [k.as_dict() for k in kernels],
-            "launches": launches,
-            "launch": shape.as_dict(),
+            "launches": result["launches"],
+            "launch": self.template.launch_shape(self.spec).as_dict(),
             "arguments": [a.as_dict() for a in self.template.arguments(self.spec)],
             "persistent": self.template.persistent,
             "budget": self.template.budget.__dict__,
@@ -102,6 +84,27 @@ class BuildJob:
             "mono_jit": __version__,
         }
         return store.publish(self.key, self.arch, hsaco, meta)
+
+    def _check_launches(self, kernels: list[KernelInfo], launches: list[dict]) -> dict[str, dict]:
+        """Every launch must match the template's launch shape and pass the resource gate;
+        returns each launched kernel's residency."""
+        if not launches:
+            raise CompileError(f"{self.label}: the launcher launched no kernel")
+        shape = self.template.launch_shape(self.spec)
+        expected = {"grid": list(shape.grid), "block": list(shape.block), "dynamic_lds": shape.dynamic_lds}
+        by_name = {k.name: k for k in kernels}
+        residency = {}
+        for launch in launches:
+            if {field: launch[field] for field in expected} != expected:
+                raise CompileError(f"{self.label}: launch {launch} differs from the template's launch shape {expected}")
+            kernel = by_name.get(launch["kernel"])
+            if kernel is None:
+                raise CompileError(f"{self.label}: launched kernel {launch['kernel']!r} is not in the code object")
+            residency[kernel.name] = resources.check(
+                kernel, block=math.prod(shape.block), grid=math.prod(shape.grid), dynamic_lds=shape.dynamic_lds,
+                persistent=self.template.persistent, budget=self.template.budget, what=self.label,
+            ).as_dict()
+        return residency
 
 
 def _failure_message(job: BuildJob, status: str, detail: str) -> str:

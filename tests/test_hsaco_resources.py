@@ -52,3 +52,26 @@ def test_gate_rejects_with_figures(router_entry):
         check(kernel, block=256, grid=4, dynamic_lds=200 * 1024, persistent=False, budget=Budget(), what="t")
     with pytest.raises(ResourceError, match="persistent grid 4"):
         check(kernel, block=256, grid=4, dynamic_lds=0, persistent=True, budget=Budget(), what="t")
+
+
+def test_finish_refuses_launches_that_differ_from_the_template(router_entry, tmp_path):
+    from mono_jit.build import BuildJob
+    from mono_jit.errors import CompileError
+    from mono_jit.spec import Spec
+    from mono_jit.templates import get
+    from mono_jit.workers import Outcome
+
+    job = BuildJob.plan(get("router"), Spec.from_dict(router_entry.meta["build_spec"]), router_entry.meta["factors"]["toolchain"])
+    store = Store(settings_at(tmp_path / "c"))
+    good = dict(router_entry.meta["launches"][0])
+    wrong = {**good, "grid": [256, 1, 1]}
+    for launches, message in (([wrong], "differs from the template's launch shape"), ([], "launched no kernel"),
+                              ([{**good, "kernel": "other_0"}], "not in the code object")):
+        outcome = Outcome(job.key, "ok", {"hsaco": router_entry.hsaco, "launches": launches, "seconds": 0.1})
+        with pytest.raises(CompileError, match=message):
+            job.finish(store, outcome)
+    failed = Outcome(job.key, "timeout", "no result after 5 s")
+    with pytest.raises(CompileError, match=r"router\(max_tokens=1, arch=gfx950\) failed to compile \(timeout\)"):
+        job.finish(store, failed)
+    entry = job.finish(store, Outcome(job.key, "ok", {"hsaco": router_entry.hsaco, "launches": [good], "seconds": 0.1}))
+    assert entry.key == router_entry.key
