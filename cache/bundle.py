@@ -30,7 +30,7 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def export_bundle(store: Store, out: Path, entries: list[Entry]) -> dict:
+def export_bundle(out: Path, entries: list[Entry]) -> dict:
     """Write `entries` to the tar(.gz) `out`; return the manifest."""
     files: dict[str, dict] = {}
     payload: dict[str, bytes] = {}

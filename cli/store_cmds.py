@@ -204,9 +204,8 @@ def clear(yes, cache_dir, as_json):
 @guarded
 def export_cmd(bundle, template, cache_dir, as_json):
     """Write cache entries to a tar bundle (.tar or .tar.gz) with a manifest of checksums."""
-    store = store_for(cache_dir)
-    entries = [e for e in _good(store) if template in (None, e.meta["template"])]
-    manifest = export_bundle(store, bundle, entries)
+    entries = [e for e in _good(store_for(cache_dir)) if template in (None, e.meta["template"])]
+    manifest = export_bundle(bundle, entries)
     if as_json:
         emit_json({"bundle": str(bundle), "entries": manifest["entries"], "files": len(manifest["files"])})
     else:

@@ -103,9 +103,8 @@ def test_four_racing_processes_compile_once(tmp_path):
 
 
 def test_bundle_round_trip_and_refusals(warm_cache, tmp_path):
-    store = Store(settings_at(warm_cache))
     bundle = tmp_path / "b.tar.gz"
-    manifest = export_bundle(store, bundle, entries(warm_cache))
+    manifest = export_bundle(bundle, entries(warm_cache))
     assert manifest["entries"] == 3
     fresh = Store(settings_at(tmp_path / "fresh"))
     assert import_bundle(fresh, bundle) == {"imported": 3, "present": 0}
