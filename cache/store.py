@@ -27,7 +27,7 @@ from mono_jit.config import Settings
 from mono_jit.errors import InvalidCodeObject
 from mono_jit.hsaco import check_header
 
-from .key import cache_key
+from .key import cache_key, canonical_json
 from .trust import check_root, make_private_root
 
 META_SCHEMA = 1
@@ -35,6 +35,7 @@ HSACO_NAME = "kernel.hsaco"
 META_NAME = "meta.json"
 STAMP_NAME = "last_used"
 STAMP_INTERVAL = 3600.0
+TOOLCHAINS_DIR = "toolchains"  # <root>/v1/<arch>/toolchains/<digest>.json
 _log = logging.getLogger(__name__)
 
 
@@ -194,9 +195,36 @@ class Store:
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
+        self._record_toolchain(arch, meta["factors"]["toolchain"])
         # Read back through the load path on purpose: it proves the published copy (or the
         # racing winner's) is whole before anyone is told it exists.
         return read_entry(self.writable, final, arch)
+
+    def _record_toolchain(self, arch: str, fingerprint: dict) -> None:
+        """Remember which toolchain built entries here, so a process that cannot fingerprint a
+        toolchain of its own (no FlyDSL or ld.lld on a serving host) can still find them."""
+        text = canonical_json(fingerprint)
+        folder = self.writable.base / arch / TOOLCHAINS_DIR
+        target = folder / f"{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
+        if target.exists():
+            return
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = folder / f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
+        tmp.write_text(text)
+        os.replace(tmp, target)
+
+    def recorded_toolchains(self, arch: str) -> list[dict]:
+        """Fingerprints that built entries for `arch`, in layer order (see _record_toolchain)."""
+        found: list[dict] = []
+        for layer in self.layers:
+            for path in sorted((layer.base / arch / TOOLCHAINS_DIR).glob("*.json")):
+                try:
+                    fingerprint = json.loads(path.read_text())
+                except (OSError, ValueError):
+                    continue
+                if isinstance(fingerprint, dict) and fingerprint not in found:
+                    found.append(fingerprint)
+        return found
 
     def quarantine(self, layer: Layer, path: Path, reason: str) -> None:
         """Set a bad entry aside (writable layer) and log why; a read-only one is only skipped."""

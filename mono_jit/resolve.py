@@ -2,7 +2,8 @@
 
 ``resolve`` checks the store (read-only layers, then the writable one); on a miss it takes the
 key's lock, checks again and compiles in an isolated worker, so eight ranks starting together
-compile each key once. ``MONO_JIT_OFFLINE=1`` makes a miss an error naming the prebuild command.
+compile each key once. A process with no toolchain to fingerprint (no FlyDSL or ld.lld, as on
+a lean serving image) looks the spec up under the toolchains recorded in the layers instead. ``MONO_JIT_OFFLINE=1`` makes a miss an error naming the prebuild command.
 Inside a CUDA/HIP graph capture it raises before touching the disk. It imports neither torch
 nor FlyDSL (a compile happens in a worker process).
 """
@@ -16,7 +17,7 @@ from mono_jit.cache import Entry, Store
 
 from .build import BuildJob
 from .config import Settings
-from .errors import CaptureError, OfflineMiss
+from .errors import CaptureError, OfflineMiss, ToolchainError
 from .spec import Spec
 from .templates import Template, get
 from .toolchain import compile_environment, resolve_toolchain
@@ -63,6 +64,20 @@ def compile_job(job: BuildJob, store: Store, env: dict[str, str], timeout: float
     return job.finish(store, outcome)
 
 
+def _resolve_without_toolchain(template: Template, spec: Spec, store: Store, unavailable: ToolchainError) -> Resolved:
+    """No toolchain to fingerprint here (a serving host without FlyDSL or ld.lld): look the spec
+    up under each toolchain that built entries in the layers; nothing can be compiled."""
+    for fingerprint in store.recorded_toolchains(spec.arch):
+        job = BuildJob.plan(template, spec, fingerprint)
+        entry = store.lookup(job.key, job.arch)
+        if entry is not None:
+            return Resolved(entry, compiled=False)
+    raise ToolchainError(
+        f"{template.name} [{spec.label()}] is in no cache layer under any recorded toolchain, and it cannot "
+        f"be compiled here: {unavailable}"
+    )
+
+
 def resolve(template: str | Template, spec: Spec, *, settings: Settings | None = None,
             store: Store | None = None) -> Resolved:
     if _capturing():
@@ -73,7 +88,10 @@ def resolve(template: str | Template, spec: Spec, *, settings: Settings | None =
     settings = settings or Settings()
     store = store or Store(settings)
     template = get(template) if isinstance(template, str) else template
-    toolchain = resolve_toolchain(settings)
+    try:
+        toolchain = resolve_toolchain(settings)
+    except ToolchainError as unavailable:
+        return _resolve_without_toolchain(template, spec, store, unavailable)
     job = BuildJob.plan(template, spec, toolchain.fingerprint)
     entry = store.lookup(job.key, job.arch)
     if entry is not None:

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import settings_at
 from mono_jit.build import BuildJob
-from mono_jit.errors import CaptureError, OfflineMiss
+from mono_jit.errors import CaptureError, OfflineMiss, ToolchainError
 from mono_jit.resolve import resolve
 from mono_jit.spec import Spec
 from mono_jit.templates import get
@@ -43,3 +43,12 @@ def test_unread_fields_share_a_key_and_read_ones_do_not():
     assert BuildJob.plan(keytable, a, FP).key != BuildJob.plan(keytable, b, FP).key
     assert BuildJob.plan(keytable, a, FP).key == BuildJob.plan(keytable, Spec(2, 4, 1024, 4), FP).key
     assert BuildJob.plan(router, a, FP).key != BuildJob.plan(router, a, {**FP, "ld_lld": "19.1.0"}).key
+
+
+def test_without_a_toolchain_hits_come_from_recorded_toolchains(warm_cache, tmp_path):
+    # An explicit ld.lld that does not exist: this process can fingerprint no toolchain.
+    settings = settings_at(tmp_path / "rw", MONO_JIT_CACHE_PATH=str(warm_cache), MONO_JIT_LD_LLD="/nonexistent/ld.lld")
+    assert not resolve("keytable", Spec(8, 4, 1024, 1), settings=settings).compiled
+    with pytest.raises(ToolchainError) as info:
+        resolve("keytable", Spec(8, 4, 1024, 2), settings=settings)
+    assert "tp8-r4-k1024-m2-gfx950" in str(info.value) and "cannot be compiled here" in str(info.value)
