@@ -6,10 +6,17 @@ pointer plus an i32 length per tensor, which the runner packs without knowing sh
 
 
 import flydsl.expr as fx
+from flydsl.compiler.ast_rewriter import ASTRewriter
 from flydsl.expr import range_constexpr
 
 WAVE = 64  # gfx950 wavefront size
 _LOG2_WAVE = 6
+
+
+def dsl(fn):
+    """Give a helper the kernel's control-flow lowering: its `if` / `for` / `while` on DSL
+    values become scf ops, as in a @flyc.kernel body (FlyDSL rewrites only the kernel itself)."""
+    return ASTRewriter.transform(fn)
 
 
 def flat_view(tensor, vector: int = 1):
@@ -33,9 +40,7 @@ def load_scalar(view, index, dtype):
 
 
 def store_scalar(view, index, value, dtype) -> None:
-    reg = fx.make_rmem_tensor(1, dtype)
-    fx.memref_store_vec(fx.Vector.filled(1, value, dtype), reg)
-    fx.copy(copy_atom(dtype.width, dtype.width), reg, fx.slice(view, (None, index)))
+    store(view, index, fx.Vector.filled(1, value, dtype), dtype, 1)
 
 
 def wave_sum(value):
@@ -75,3 +80,28 @@ def inclusive_count(flag, lane):
 def last_lane(value):
     """The value held by lane 63 (the wave total of an inclusive scan)."""
     return fx.shuffle_idx(value, WAVE - 1, WAVE)
+
+
+def store(view, index, vec, dtype, width: int) -> None:
+    """Store a vector of `width` elements as chunk `index` of a flat view."""
+    reg = fx.make_rmem_tensor(width, dtype)
+    fx.memref_store_vec(vec, reg)
+    fx.copy(copy_atom(dtype.width * width, dtype.width), reg, fx.slice(view, (None, index)))
+
+
+def f32_bits(value):
+    """The IEEE bits of an f32 scalar as an i32."""
+    return fx.Vector.filled(1, value, fx.Float32).bitcast(fx.Int32)[0]
+
+
+def f32_from_bits(bits):
+    return fx.Vector.filled(1, bits, fx.Int32).bitcast(fx.Float32)[0]
+
+
+def load_global(tensor, index):
+    """One element of a tensor argument through a plain global pointer (no buffer resource).
+
+    For small, rarely read arguments: a pointer holds 2 SGPRs where a buffer resource holds 4,
+    which keeps kernels with many arguments clear of SGPR spills.
+    """
+    return fx.generic_load(fx.get_iter(tensor) + index)

@@ -47,7 +47,7 @@ def _load_entry_points() -> None:
 
 
 def _load_builtins() -> None:
-    from . import keytable, router  # noqa: F401  (registration happens on import)
+    from . import k1, keytable, router  # noqa: F401  (registration happens on import)
 
 
 def all_templates() -> dict[str, Template]:

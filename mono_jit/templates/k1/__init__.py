@@ -1,0 +1,92 @@
+"""`k1`: the attention seam and the attention front of a DeepSeek-V4-Pro decode layer, as one
+persistent FlyDSL launch (256 CTAs x 512 threads) for gfx950.
+
+Contract (M = rows this step, 1 <= M <= spec.max_tokens; every tensor a flat buffer, row-major;
+fp8 tensors passed as their bytes, e.g. `weight.view(torch.uint8)`):
+  in   x            [M, 7168] bf16        the previous FFN output, already reduced
+       residual     [M, 4, 7168] bf16     the four mHC streams before the fold
+       post_mix     [M, 4] f32            the previous FFN seam's post
+       res_mix      [M, 4, 4] f32         the previous FFN seam's comb
+       hc_fn        [24, 4 x 7168] f32    hc_attn_fn;  hc_base [24], hc_scale [3] f32
+       attn_norm    [7168] bf16
+       w_qkv        [2048, qkv_stride] e4m3  fused_wqa_wkv (rows may be padded; stride % 16 == 0)
+       s_qkv        [16, 56] E8M0         its 128 x 128 block scales (codes, not f32)
+       q_norm       [1536] bf16;  kv_norm [512] bf16
+       w_qb         [heads x 512, qb_stride] e4m3  wq_b;  s_qb [heads x 4, 12] E8M0
+       rope         [P, 64] f32           cos | sin per position (GPT-J pairs on the last 64 dims)
+       positions    [M] int64;  slot_mapping [M] int64 (-1: no insert)
+       kv_cache     the SWA cache's bytes: pages of `block_size` 584-byte fp8_ds_mla records,
+                    data rows first, then the scale bytes; `page_stride` bytes per page
+  out  r_out        [M, 4, 7168] bf16     R after the fold (may alias residual)
+       post_out     [M, 4] f32;  comb_out [M, 4, 4] f32   the attention seam's mixes for K2
+       x_norm       [M, 7168] bf16        the normed seam input (vLLM's compressor / indexer)
+       qr_out       [M, 1536] bf16        q_norm(qr) (indexer)
+       q_out        [M, heads, 512] bf16  for K2's attention
+  work sync         [K1Layout.sync_words] int32, zeroed once, owned by one bucket's K1
+       work_f32     [K1Layout.f32_words] f32;  work_u8 [K1Layout.bytes] uint8
+  i32  m, do_fold (0 on layer 0), qkv_stride, qb_stride, page_stride, block_size
+
+Semantics are reference.k1's. Specialised by TP (the local heads of wq_b) and max tokens; not
+by ratio or top-k width: every layer type runs the same K1.
+"""
+
+from __future__ import annotations
+
+from ...resources import Budget
+from ...spec import Spec
+from ..base import Argument, LaunchShape, Template
+from ..registry import register
+from .layout import CTAS, THREADS, K1Layout
+
+
+@register
+class K1Template(Template):
+    name = "k1"
+    spec_fields = ("tp", "max_tokens")
+    source_files = ("_sync.py", "k1/__init__.py", "k1/layout.py", "k1/reference.py", "k1/kernel.py")
+    kernel_module = ".k1.kernel"
+    persistent = True
+    budget = Budget(scratch_bytes=0, spills=0)
+
+    def launch_shape(self, spec: Spec) -> LaunchShape:
+        return LaunchShape(grid=(CTAS, 1, 1), block=(THREADS, 1, 1))
+
+    def arguments(self, spec: Spec) -> tuple[Argument, ...]:
+        lay = K1Layout.of(spec)
+        t = lambda name, dtype, doc: Argument(name, "tensor", dtype, doc)  # noqa: E731
+        i = lambda name, doc: Argument(name, "i32", "int32", doc)  # noqa: E731
+        return (
+            t("x", "bfloat16", "[M, 7168] previous FFN output"),
+            t("residual", "bfloat16", "[M, 4, 7168] mHC streams"),
+            t("post_mix", "float32", "[M, 4] previous FFN seam post"),
+            t("res_mix", "float32", "[M, 4, 4] previous FFN seam comb"),
+            t("hc_fn", "float32", "[24, 28672] hc_attn_fn"),
+            t("hc_base", "float32", "[24] hc_attn_base"),
+            t("hc_scale", "float32", "[3] hc_attn_scale"),
+            t("attn_norm", "bfloat16", "[7168]"),
+            t("w_qkv", "uint8", "[2048, qkv_stride] fused_wqa_wkv e4m3"),
+            t("s_qkv", "uint8", "[16, 56] E8M0 block scales"),
+            t("q_norm", "bfloat16", "[1536]"),
+            t("kv_norm", "bfloat16", "[512]"),
+            t("w_qb", "uint8", f"[{lay.q_width}, qb_stride] wq_b e4m3"),
+            t("s_qb", "uint8", f"[{lay.q_width // 128}, 12] E8M0 block scales"),
+            t("rope", "float32", "[P, 64] cos | sin"),
+            t("positions", "int64", "[M]"),
+            t("slot_mapping", "int64", "[M] SWA slots, -1 = none"),
+            t("kv_cache", "uint8", "SWA cache bytes (fp8_ds_mla pages)"),
+            t("r_out", "bfloat16", "[M, 4, 7168] out: R after the fold"),
+            t("post_out", "float32", "[M, 4] out: attention seam post"),
+            t("comb_out", "float32", "[M, 4, 4] out: attention seam comb"),
+            t("x_norm", "bfloat16", "[M, 7168] out: normed seam input"),
+            t("qr_out", "bfloat16", "[M, 1536] out: q_norm(qr)"),
+            t("q_out", "bfloat16", f"[M, {lay.heads}, 512] out: q"),
+            t("sync", "int32", f"[{lay.sync_words}] epoch, exit counter, flags"),
+            t("work_f32", "float32", f"[{lay.f32_words}] scratch"),
+            t("work_u8", "uint8", f"[{lay.bytes}] scratch"),
+            i("m", "rows this step (1..max_tokens)"),
+            i("do_fold", "0 on layer 0, else 1"),
+            i("qkv_stride", "row stride of w_qkv in bytes"),
+            i("qb_stride", "row stride of w_qb in bytes"),
+            i("page_stride", "kv_cache.stride(0) in bytes"),
+            i("block_size", "records per SWA page"),
+        )

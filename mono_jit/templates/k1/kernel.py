@@ -1,0 +1,548 @@
+"""FlyDSL source of K1 (contract in the package docstring, decomposition in layout.py).
+
+(No `from __future__ import annotations` here: fx.struct and @flyc.kernel read real annotations.)
+
+Why this decomposition:
+- S1 is the only stage that touches the whole residual (4 x 7168 per row) together with hc_fn
+  (2.75 MB): splitting it by 128-column chunks and 16-row groups gives 56 tasks even at one row
+  and reads hc_fn once per row group. Each task leaves 25 partial sums per row (24 dot products
+  and the sum of squares); S2 adds the 56 partials in a fixed order, so the mixes are
+  deterministic and no float atomics are needed.
+- The seam's gate is 28 numbers per row: one thread computes it (Sinkhorn is 39 4x4
+  normalisations), then the CTA collapses and norms the row holding 8 contiguous columns per
+  thread, which is also the MXFP8 layout: four neighbouring lanes form one 32-block.
+- The GEMVs use the scaled MFMA v_mfma_scale_f32_16x16x128_f8f6f4 with the weight as operand A
+  (16 output rows) and the MXFP8 activations as operand B (16 tokens): lane l carries row
+  l % 16 and the 32 K values 32 (l / 16) .. + 31 of a 128-wide K step, and the E8M0 scale of
+  exactly that 32-block (for the weight, the code of its 128 x 128 block, the same in every lane
+  of a step). A task's waves split K and add their accumulators through LDS in a fixed order.
+- S3 has 128 tasks (2048 / 16): half the CTAs idle while the 14.7 MB weight streams; finer
+  split-K would need a cross-CTA reduction. S5 has exactly 256 tasks at TP8.
+- Rows past the runtime m: their tasks still publish their flags (so consumers' counts are
+  fixed by the bucket), but nothing is stored for them. Tokens past m in the MFMA's B operand
+  only reach output columns that are never stored.
+
+Not run on hardware: there is no AMD GPU here. What CI checks is that every bucket compiles for
+gfx950, its resources fit the persistent grid, the ISA holds the scaled MFMAs and the agent-
+scope sync instructions, and that the torch reference is right. The operand layout of the
+scaled MFMA (which lane holds which K values and scale) and the fp8 conversion's rounding are
+taken from the CDNA4 ISA guide and FlyDSL's MXFP4 kernels and are unverified until
+tests/test_gpu.py runs on an MI355X.
+"""
+
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+import torch
+from flydsl._mlir import ir
+from flydsl.expr import gpu, range_constexpr
+
+from ... import model
+from ...spec import Spec
+from .._dsl import WAVE, dsl, f32_bits, f32_from_bits, flat_view, load, load_global, load_scalar, store, store_scalar, wave_sum
+from .._sync import leave, publish, step_tag, wait
+from ..base import Build
+from .layout import (CTAS, EPS, HEAD_DIM, KV_DATA, KV_LORA, KV_SCALE_BLOCK, KV_SCALES, MIXES, MX_BLOCK, NOPE, PARTIALS,
+                     Q_LORA, QKV, ROPE, SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, STREAMS, THREADS, TILE_K, TILE_N,
+                     WAVES, WEIGHT_BLOCK, K1Layout)
+from .reference import E4M3_MAX, HC_POST_ALPHA, KV_AMAX_FLOOR, SINKHORN_ROUNDS
+
+H = model.HIDDEN
+VEC = 8  # values per lane in the row-wise stages (one 16-byte bf16 load)
+ROW_CHUNKS = H // VEC  # 896
+LOG2E = 1.4426950408889634
+MAX_ROW_TILES = 4  # 64 rows
+RED_SLOTS = 32
+
+
+@fx.struct
+class _Shared:
+    red: fx.Array[fx.Float32, WAVES * RED_SLOTS, 16]  # per-wave partials of block reductions
+    gate: fx.Array[fx.Float32, 32, 16]  # S2: the 25 sums, then pre
+    acc: fx.Array[fx.Float32, WAVES * MAX_ROW_TILES * WAVE * 4, 16]  # GEMV split-K partials
+
+
+# -- small numeric helpers -------------------------------------------------------------------
+
+def _rsqrt(value):
+    return 1.0 / fx.math.sqrt(value)
+
+
+def _sigmoid(value):
+    return 1.0 / (1.0 + (value * (-LOG2E)).exp2())
+
+
+def _bf16(value):
+    """Round an f32 scalar or vector to bf16 and back (RNE), as the reference's .to(bfloat16)."""
+    return value.to(fx.BFloat16).to(fx.Float32)
+
+
+def _e8m0(amax):
+    """clamp(ceil(log2(amax / 448)) + 127, 0, 254) from the f32 bits (reference.e8m0_code)."""
+    bits = f32_bits(fx.math.absf(amax))
+    code = (bits >> 23) - 8 + ((bits & 0x7FFFFF) > 0x600000).select(1, 0)
+    return fx.min(fx.max(code, 0), 254)
+
+
+def _e8m0_inverse(code):
+    """2^(127 - code) as f32 (codes up to 253 are exact; 254 only comes from inf / NaN)."""
+    return f32_from_bits(fx.max(254 - code, 1) << 23)
+
+
+def _fp8x8(values, multiplier):
+    """Eight f32 values times `multiplier`, clamped to +-448, as eight e4m3 bytes (2 x i32)."""
+    i32 = ir.IntegerType.get_signless(32)
+    words = []
+    for half in range_constexpr(2):
+        word = fx.Int32(0)
+        for pair in range_constexpr(2):
+            a = fx.min(fx.max(values[half * 4 + pair * 2] * multiplier, -E4M3_MAX), E4M3_MAX)
+            b = fx.min(fx.max(values[half * 4 + pair * 2 + 1] * multiplier, -E4M3_MAX), E4M3_MAX)
+            word = fx.Int32(fx.rocdl.cvt_pk_fp8_f32(i32, a, b, word, pair == 1))
+        words.append(word)
+    return fx.Vector.from_elements(words, fx.Int32).bitcast(fx.Uint8)
+
+
+def _amax8(values):
+    amax = fx.math.absf(values[0])
+    for i in range_constexpr(1, VEC):
+        amax = fx.max(amax, fx.math.absf(values[i]))
+    return amax
+
+
+def _group_max(value, lanes: int):
+    """Max over aligned groups of `lanes` neighbouring lanes (every lane gets its group's max)."""
+    step = 1
+    while step < lanes:
+        value = fx.max(value, value.shuffle_xor(step, WAVE))
+        step *= 2
+    return value
+
+
+@dsl
+def _block_sum(value, red, slot, wave, lane):
+    """Sum over the CTA's 512 threads; every thread gets the total. Uses red[slot]."""
+    value = wave_sum(value)
+    if lane == 0:
+        fx.memref_store(value, red, slot * WAVES + wave)
+    gpu.barrier()
+    total = fx.memref_load(red, slot * WAVES)
+    for w in range_constexpr(1, WAVES):
+        total = total + fx.memref_load(red, slot * WAVES + w)
+    return total
+
+
+def _rope8(values, rope, position, pair0):
+    """GPT-J RoPE on 8 values = 4 pairs starting at pair index pair0 (cos | sin table rows)."""
+    out = list(values)
+    for p in range_constexpr(VEC // 2):
+        cos = load_global(rope, position * ROPE + pair0 + p)
+        sin = load_global(rope, position * ROPE + ROPE // 2 + pair0 + p)
+        even, odd = values[2 * p], values[2 * p + 1]
+        out[2 * p] = even * cos - odd * sin
+        out[2 * p + 1] = odd * cos + even * sin
+    return out
+
+
+def _load8_f32(f32x4, offset):
+    """Eight f32 at an 8-aligned element offset (two 128-bit loads: buffer loads stop at 128 bits)."""
+    lo = load(f32x4, offset // 4, fx.Float32, 4)
+    hi = load(f32x4, offset // 4 + 1, fx.Float32, 4)
+    return [lo[e] for e in range_constexpr(4)] + [hi[e] for e in range_constexpr(4)]
+
+
+def _vec8(values, dtype):
+    return fx.Vector.from_elements([v.to(dtype) if dtype is not fx.Float32 else v for v in values], dtype)
+
+
+# -- the scaled-MFMA GEMV tile ---------------------------------------------------------------
+
+def _mfma(a, b, acc, scale_a, scale_b):
+    f32x4 = ir.VectorType.get([4], ir.F32Type.get())
+    out = fx.rocdl.mfma_scale_f32_16x16x128_f8f6f4(f32x4, [a, b, acc, 0, 0, 0, scale_a, 0, scale_b])
+    return fx.Vector(out, (4,), fx.Float32)
+
+
+def _operand(view16, byte_offset):
+    """32 bytes at a 16-aligned byte offset as the 8 x i32 of an f8 MFMA operand."""
+    lo = load(view16, byte_offset // 16, fx.Uint8, 16).bitcast(fx.Int32)
+    hi = load(view16, byte_offset // 16 + 1, fx.Uint8, 16).bitcast(fx.Int32)
+    return lo.shuffle(hi, list(range(8)))
+
+
+def _gemv_steps(w16, w_scales, w_stride, w_row, w_scale_row, x16, x_bytes, x_codes, x_scales, k, steps,
+                first_step, lane, row_tiles):
+    """Accumulate `steps` K steps (from first_step) of weight rows w_row.. x tokens, per row tile.
+
+    The weight row of this lane is w_row + lane % 16; its scale code is w_scales[w_scale_row +
+    step] (one per 128 x 128 block). Activation codes / scales live in x_bytes at x_codes /
+    x_scales with rows of k bytes / k / 32 codes.
+    """
+    accs = [fx.Vector.filled(4, 0.0, fx.Float32) for _ in range_constexpr(row_tiles)]
+    for s in range_constexpr(steps):
+        step = first_step + s
+        k0 = step * TILE_K + (lane // 16) * MX_BLOCK
+        a = _operand(w16, (w_row + lane % 16) * w_stride + k0)
+        scale_a = load_global(w_scales, w_scale_row + step).to(fx.Int32)
+        for t in range_constexpr(row_tiles):
+            token = t * TILE_N + lane % 16
+            b = _operand(x16, x_codes + token * k + k0)
+            scale_b = load_scalar(x_bytes, x_scales + token * (k // MX_BLOCK) + k0 // MX_BLOCK, fx.Uint8)
+            accs[t] = _mfma(a, b, accs[t], scale_a, scale_b.to(fx.Int32))
+    return accs
+
+
+@dsl
+def _gemv_reduce(accs, lds_acc, tid, wave, lane, waves_per_tile, row_tiles, out, out_base, out_width, n0, m):
+    """Add the accumulators of the `waves_per_tile` waves of each tile; store rows < m (f32).
+
+    Wave w works on tile w // waves_per_tile; lane l's accumulator element e is output row
+    n0(tile) + 4 (l / 16) + e for token l % 16 (+ 16 per row tile).
+    """
+    for t in range_constexpr(row_tiles):
+        for e in range_constexpr(4):
+            fx.memref_store(accs[t][e], lds_acc, ((wave * row_tiles + t) * WAVE + lane) * 4 + e)
+    gpu.barrier()
+    tiles = WAVES // waves_per_tile
+    per_tile = row_tiles * WAVE * 4
+    if tid < tiles * per_tile:
+        tile = tid // per_tile
+        t = (tid % per_tile) // (WAVE * 4)
+        src_lane = (tid % (WAVE * 4)) // 4
+        e = tid % 4
+        total = fx.Float32(0.0)
+        for w in range_constexpr(waves_per_tile):
+            src_wave = tile * waves_per_tile + w
+            total = total + fx.memref_load(lds_acc, ((src_wave * row_tiles + t) * WAVE + src_lane) * 4 + e)
+        token = t * TILE_N + src_lane % 16
+        if token < m:
+            n = n0 + tile * TILE_N + (src_lane // 16) * 4 + e
+            store_scalar(out, out_base + token * out_width + n, total, fx.Float32)
+
+
+# -- the kernel ------------------------------------------------------------------------------
+
+def make_kernel(lay: K1Layout):
+    rows, heads, q_width, row_tiles = lay.rows, lay.heads, lay.q_width, lay.row_tiles
+    s3_steps = H // TILE_K // WAVES  # 7
+    s5_steps = Q_LORA // TILE_K // (WAVES // 2)  # 3
+
+    @flyc.kernel
+    def k1_kernel(X: fx.Tensor, Residual: fx.Tensor, PostMix: fx.Tensor, ResMix: fx.Tensor,
+                  HcFn: fx.Tensor, HcBase: fx.Tensor, HcScale: fx.Tensor, AttnNorm: fx.Tensor,
+                  WQkv: fx.Tensor, SQkv: fx.Tensor, QNorm: fx.Tensor, KvNorm: fx.Tensor,
+                  WQb: fx.Tensor, SQb: fx.Tensor, Rope: fx.Tensor, Positions: fx.Tensor,
+                  SlotMapping: fx.Tensor, KvCache: fx.Tensor,
+                  ROut: fx.Tensor, PostOut: fx.Tensor, CombOut: fx.Tensor, XNorm: fx.Tensor,
+                  QrOut: fx.Tensor, QOut: fx.Tensor,
+                  Sync: fx.Tensor, WorkF32: fx.Tensor, WorkU8: fx.Tensor,
+                  m: fx.Int32, do_fold: fx.Int32, qkv_stride: fx.Int32, qb_stride: fx.Int32,
+                  page_stride: fx.Int32, block_size: fx.Int32):
+        tid = fx.thread_idx.x
+        lane = tid % WAVE
+        wave = tid // WAVE
+        cta = fx.block_idx.x
+        shared = fx.SharedAllocator().allocate(_Shared).peek()
+        red = shared.red.view(fx.make_layout(WAVES * RED_SLOTS, 1))
+        gate = shared.gate.view(fx.make_layout(32, 1))
+        lds_acc = shared.acc.view(fx.make_layout(WAVES * MAX_ROW_TILES * WAVE * 4, 1))
+        tag = step_tag(Sync)
+
+        f32 = flat_view(WorkF32)
+        f32x4 = flat_view(WorkF32, 4)
+        u8 = flat_view(WorkU8)
+        u8x8 = flat_view(WorkU8, VEC)
+        u8x16 = flat_view(WorkU8, 16)
+
+        # ---- S1: fold and mix partials ------------------------------------------------------
+        stream = tid // SEAM_CHUNK
+        for task in range(cta, lay.s1_tasks, CTAS):
+            group = task // SEAM_CHUNKS
+            chunk = task % SEAM_CHUNKS
+            col = chunk * SEAM_CHUNK + tid % SEAM_CHUNK
+            fn_view = flat_view(HcFn)
+            fn = [load_scalar(fn_view, k * STREAMS * H + stream * H + col, fx.Float32)
+                  for k in range_constexpr(MIXES)]
+            first = group * SEAM_GROUP
+            end = fx.min(first + SEAM_GROUP, m)
+            for row in range(first, end):
+                res_view = flat_view(Residual)
+                own = load_scalar(res_view, (row * STREAMS + stream) * H + col, fx.BFloat16).to(fx.Float32)
+                folded = load_global(PostMix, row * STREAMS + stream) * \
+                    load_scalar(flat_view(X), row * H + col, fx.BFloat16).to(fx.Float32)
+                for i in range_constexpr(STREAMS):
+                    r_i = load_scalar(res_view, (row * STREAMS + i) * H + col, fx.BFloat16).to(fx.Float32)
+                    folded = folded + load_global(ResMix, row * 16 + i * STREAMS + stream) * r_i
+                value = _bf16((do_fold != 0).select(folded, own))
+                store_scalar(flat_view(ROut), (row * STREAMS + stream) * H + col, value.to(fx.BFloat16),
+                             fx.BFloat16)
+                parts = [value * fn[k] for k in range_constexpr(MIXES)] + [value * value]
+                for k in range_constexpr(PARTIALS):
+                    total = wave_sum(parts[k])
+                    if lane == 0:
+                        fx.memref_store(total, red, k * WAVES + wave)
+                gpu.barrier()
+                if tid < PARTIALS:
+                    total = fx.memref_load(red, tid * WAVES)
+                    for w in range_constexpr(1, WAVES):
+                        total = total + fx.memref_load(red, tid * WAVES + w)
+                    store_scalar(f32, lay.partials + (row * SEAM_CHUNKS + chunk) * PARTIALS + tid, total,
+                                 fx.Float32)
+                gpu.barrier()
+            publish(Sync, lay.f1 + task, tag, tid)
+
+        # ---- S2: the seam's gate, collapse, attn_norm, MXFP8 ---------------------------------
+        for row in range(cta, rows, CTAS):
+            if row < m:
+                wait(Sync, lay.f1 + (row // SEAM_GROUP) * SEAM_CHUNKS, SEAM_CHUNKS, tag, tid)
+                if tid < PARTIALS:
+                    total = fx.Float32(0.0)
+                    for c in range_constexpr(SEAM_CHUNKS):
+                        total = total + load_scalar(f32, lay.partials + (row * SEAM_CHUNKS + c) * PARTIALS + tid,
+                                                    fx.Float32)
+                    fx.memref_store(total, gate, tid)
+                gpu.barrier()
+                if tid == 0:
+                    _seam_gate(gate, HcBase, HcScale, PostOut, CombOut, row)
+                gpu.barrier()
+                pre = [fx.memref_load(gate, i) for i in range_constexpr(STREAMS)]
+                _collapse_norm_quant(ROut, AttnNorm, XNorm, pre, red, u8x8, u8, lay, row, tid, wave, lane)
+            publish(Sync, lay.f2 + row, tag, tid)
+
+        # ---- S3: fused_wqa_wkv -------------------------------------------------------------
+        for task in range(cta, lay.s3_tasks, CTAS):
+            wait(Sync, lay.f2, m, tag, tid)
+            n0 = task * TILE_N
+            accs = _gemv_steps(flat_view(WQkv, 16), SQkv, qkv_stride, n0,
+                               (n0 // WEIGHT_BLOCK) * (H // WEIGHT_BLOCK), u8x16, u8, lay.x_codes, lay.x_scales,
+                               H, s3_steps, wave * s3_steps, lane, row_tiles)
+            _gemv_reduce(accs, lds_acc, tid, wave, lane, WAVES, row_tiles, f32, lay.qkv_raw, QKV, n0, m)
+            publish(Sync, lay.f3 + task, tag, tid)
+
+        # ---- S4: q_norm, kv_norm, RoPE, KV insert ------------------------------------------
+        for row in range(cta, rows, CTAS):
+            if row < m:
+                wait(Sync, lay.f3, lay.s3_tasks, tag, tid)
+                _qr_norm_quant(f32x4, QNorm, QrOut, red, u8x8, u8, lay, row, tid, wave, lane)
+                if wave == Q_LORA // VEC // WAVE:
+                    _kv_insert(f32x4, KvNorm, Rope, Positions, SlotMapping, KvCache, lay, row, lane,
+                               page_stride, block_size)
+            publish(Sync, lay.f4 + row, tag, tid)
+
+        # ---- S5: wq_b ----------------------------------------------------------------------
+        for task in range(cta, lay.s5_tasks, CTAS):
+            wait(Sync, lay.f4, m, tag, tid)
+            n0 = task * 2 * TILE_N
+            tile_row = n0 + (wave // (WAVES // 2)) * TILE_N
+            accs = _gemv_steps(flat_view(WQb, 16), SQb, qb_stride, tile_row,
+                               (tile_row // WEIGHT_BLOCK) * (Q_LORA // WEIGHT_BLOCK), u8x16, u8, lay.qr_codes,
+                               lay.qr_scales, Q_LORA, s5_steps, (wave % (WAVES // 2)) * s5_steps, lane, row_tiles)
+            _gemv_reduce(accs, lds_acc, tid, wave, lane, WAVES // 2, row_tiles, f32, lay.q_raw, q_width, n0, m)
+            publish(Sync, lay.f5 + task, tag, tid)
+
+        # ---- S6: per-head RMS and RoPE of q --------------------------------------------------
+        for task in range(cta, lay.s6_tasks, CTAS):
+            row = task // lay.head_groups
+            head = (task % lay.head_groups) * WAVES + wave
+            if row < m:
+                first_head = (task % lay.head_groups) * WAVES
+                wait(Sync, lay.f5 + first_head * lay.s5_tasks_per_head,
+                     fx.min(heads - first_head, WAVES) * lay.s5_tasks_per_head, tag, tid)
+                if head < heads:
+                    _q_head(f32x4, Rope, Positions, QOut, lay, row, head, lane)
+            gpu.barrier()
+
+        leave(Sync, tag, CTAS, tid)
+
+    return k1_kernel
+
+
+def _seam_gate(gate, HcBase, HcScale, PostOut, CombOut, row):
+    """One thread: mixes -> pre (kept in gate[0:4]), post and Sinkhorn comb (stored)."""
+    inv = _rsqrt(fx.memref_load(gate, MIXES) / float(STREAMS * H) + EPS)
+    mix = [fx.memref_load(gate, k) * inv for k in range_constexpr(MIXES)]
+    s = [load_global(HcScale, i) for i in range_constexpr(3)]
+    b = [load_global(HcBase, k) for k in range_constexpr(MIXES)]
+    for i in range_constexpr(STREAMS):
+        fx.memref_store(_sigmoid(mix[i] * s[0] + b[i]) + EPS, gate, i)
+        post = _sigmoid(mix[4 + i] * s[1] + b[4 + i]) * HC_POST_ALPHA
+        store_scalar(flat_view(PostOut), row * STREAMS + i, post, fx.Float32)
+    logits = [[mix[8 + i * 4 + j] * s[2] + b[8 + i * 4 + j] for j in range_constexpr(4)] for i in range_constexpr(4)]
+    comb = []
+    for i in range_constexpr(4):
+        top = fx.max(fx.max(logits[i][0], logits[i][1]), fx.max(logits[i][2], logits[i][3]))
+        e = [((logits[i][j] - top) * LOG2E).exp2() for j in range_constexpr(4)]
+        total = e[0] + e[1] + e[2] + e[3]
+        comb.append([e[j] / total + EPS for j in range_constexpr(4)])
+    comb = _normalise_columns(comb)
+    for _ in range_constexpr(SINKHORN_ROUNDS - 1):
+        for i in range_constexpr(4):
+            recip = 1.0 / (comb[i][0] + comb[i][1] + comb[i][2] + comb[i][3] + EPS)
+            comb[i] = [comb[i][j] * recip for j in range_constexpr(4)]
+        comb = _normalise_columns(comb)
+    for i in range_constexpr(4):
+        for j in range_constexpr(4):
+            store_scalar(flat_view(CombOut), row * 16 + i * 4 + j, comb[i][j], fx.Float32)
+
+
+def _normalise_columns(comb):
+    out = [list(r) for r in comb]
+    for j in range_constexpr(4):
+        recip = 1.0 / (comb[0][j] + comb[1][j] + comb[2][j] + comb[3][j] + EPS)
+        for i in range_constexpr(4):
+            out[i][j] = comb[i][j] * recip
+    return out
+
+
+@dsl
+def _mx_store(values, u8x8, u8, codes_at, scales_at, chunk, valid):
+    """MXFP8 of this lane's 8 values; 4 neighbouring lanes share a 32-block and its code."""
+    code = _e8m0(_group_max(_amax8(values), MX_BLOCK // VEC))
+    if valid:
+        store(u8x8, (codes_at + chunk * VEC) // VEC, _fp8x8(values, _e8m0_inverse(code)), fx.Uint8, VEC)
+        if chunk % (MX_BLOCK // VEC) == 0:
+            store_scalar(u8, scales_at + chunk // (MX_BLOCK // VEC), code.to(fx.Uint8), fx.Uint8)
+
+
+@dsl
+def _collapse_norm_quant(ROut, AttnNorm, XNorm, pre, red, u8x8, u8, lay, row, tid, wave, lane):
+    """x_norm = RMSNorm(bf16(sum_i pre_i R_i)) with attn_norm; its MXFP8 into the byte scratch."""
+    r8, w8, out8 = flat_view(ROut, VEC), flat_view(AttnNorm, VEC), flat_view(XNorm, VEC)
+    passes = []
+    sq = fx.Float32(0.0)
+    for p in range_constexpr(2):
+        chunk = tid + p * THREADS
+        valid = chunk < ROW_CHUNKS
+        at = valid.select(chunk, 0)
+        mixed = [fx.Float32(0.0)] * VEC
+        for i in range_constexpr(STREAMS):
+            r = load(r8, (row * STREAMS + i) * ROW_CHUNKS + at, fx.BFloat16, VEC).to(fx.Float32)
+            mixed = [mixed[e] + pre[i] * r[e] for e in range_constexpr(VEC)]
+        mixed = [valid.select(_bf16(v), 0.0) for v in mixed]
+        for v in mixed:
+            sq = sq + v * v
+        passes.append((chunk, valid, at, mixed))
+    inv = _rsqrt(_block_sum(sq, red, 0, wave, lane) / float(H) + EPS)
+    for chunk, valid, at, mixed in passes:
+        w = load(w8, at, fx.BFloat16, VEC).to(fx.Float32)
+        y = [_bf16(mixed[e] * inv * w[e]) for e in range_constexpr(VEC)]
+        if valid:
+            store(out8, row * ROW_CHUNKS + at, _vec8(y, fx.BFloat16), fx.BFloat16, VEC)
+        _mx_store(y, u8x8, u8, lay.x_codes + row * H, lay.x_scales + row * (H // MX_BLOCK), at, valid)
+
+
+@dsl
+def _qr_norm_quant(f32x4, QNorm, QrOut, red, u8x8, u8, lay, row, tid, wave, lane):
+    """qr = q_norm(bf16(raw)) for threads 0..191 (8 each); its MXFP8 for S5."""
+    chunks = Q_LORA // VEC
+    valid = tid < chunks
+    at = valid.select(tid, 0)
+    raw = _load8_f32(f32x4, lay.qkv_raw + row * QKV + at * VEC)
+    v = [valid.select(_bf16(raw[e]), 0.0) for e in range_constexpr(VEC)]
+    sq = fx.Float32(0.0)
+    for e in range_constexpr(VEC):
+        sq = sq + v[e] * v[e]
+    inv = _rsqrt(_block_sum(sq, red, 1, wave, lane) / float(Q_LORA) + EPS)
+    w = load(flat_view(QNorm, VEC), at, fx.BFloat16, VEC).to(fx.Float32)
+    y = [_bf16(v[e] * inv * w[e]) for e in range_constexpr(VEC)]
+    if valid:
+        store(flat_view(QrOut, VEC), row * chunks + at, _vec8(y, fx.BFloat16), fx.BFloat16, VEC)
+    _mx_store(y, u8x8, u8, lay.qr_codes + row * Q_LORA, lay.qr_scales + row * (Q_LORA // MX_BLOCK), at, valid)
+
+
+@dsl
+def _kv_insert(f32x4, KvNorm, Rope, Positions, SlotMapping, KvCache, lay, row, lane, page_stride, block_size):
+    """One wave: kv = kv_norm(bf16(raw)); RoPE on lanes 56..63; the 584-byte record at the slot."""
+    raw = _load8_f32(f32x4, lay.qkv_raw + row * QKV + Q_LORA + lane * VEC)
+    v = [_bf16(raw[e]) for e in range_constexpr(VEC)]
+    sq = fx.Float32(0.0)
+    for e in range_constexpr(VEC):
+        sq = sq + v[e] * v[e]
+    inv = _rsqrt(wave_sum(sq) / float(KV_LORA) + EPS)
+    w = load(flat_view(KvNorm, VEC), lane, fx.BFloat16, VEC).to(fx.Float32)
+    y = [_bf16(v[e] * inv * w[e]) for e in range_constexpr(VEC)]
+    nope_lanes = NOPE // VEC  # 56
+    position = load_global(Positions, row).to(fx.Int32)
+    pair0 = (lane - nope_lanes) * (VEC // 2)
+    rotated = _rope8(y, Rope, position, fx.max(pair0, 0))
+    y = [(lane >= nope_lanes).select(_bf16(rotated[e]), y[e]) for e in range_constexpr(VEC)]
+    per_block = KV_SCALE_BLOCK // VEC  # 8 lanes share a UE8M0 code
+    code = _e8m0(fx.max(_group_max(_amax8(y), per_block), KV_AMAX_FLOOR))
+    slot = load_global(SlotMapping, row)
+    if slot >= 0:
+        block = block_size.to(fx.Int64)
+        page_base = (slot // block) * page_stride.to(fx.Int64)
+        record = page_base + (slot % block) * KV_DATA
+        cache = fx.get_iter(KvCache)
+        if lane < nope_lanes:
+            fx.generic_store(cache + (record + lane * VEC), _fp8x8(y, _e8m0_inverse(code)))
+            if lane % per_block == 0:
+                scales = page_base + block * KV_DATA + (slot % block) * KV_SCALES + lane // per_block
+                fx.generic_store(cache + scales, code.to(fx.Uint8))
+        else:
+            rope_bytes = _vec8(y, fx.BFloat16).bitcast(fx.Uint8)
+            fx.generic_store(cache + (record + NOPE + (lane - nope_lanes) * 2 * VEC), rope_bytes)
+
+
+def _q_head(f32x4, Rope, Positions, QOut, lay, row, head, lane):
+    """One wave: q head = RMS(bf16(raw)) without weight, RoPE on dims 448..511, bf16."""
+    base = row * lay.q_width + head * HEAD_DIM
+    raw = _load8_f32(f32x4, lay.q_raw + base + lane * VEC)
+    v = [_bf16(raw[e]) for e in range_constexpr(VEC)]
+    sq = fx.Float32(0.0)
+    for e in range_constexpr(VEC):
+        sq = sq + v[e] * v[e]
+    inv = _rsqrt(wave_sum(sq) / float(HEAD_DIM) + EPS)
+    y = [v[e] * inv for e in range_constexpr(VEC)]
+    nope_lanes = NOPE // VEC
+    position = load_global(Positions, row).to(fx.Int32)
+    rotated = _rope8(y, Rope, position, fx.max((lane - nope_lanes) * (VEC // 2), 0))
+    y = [(lane >= nope_lanes).select(rotated[e], y[e]) for e in range_constexpr(VEC)]
+    store(flat_view(QOut, VEC), base // VEC + lane, _vec8(y, fx.BFloat16), fx.BFloat16, VEC)
+
+
+def build(spec: Spec) -> Build:
+    lay = K1Layout.of(spec)
+    kernel = make_kernel(lay)
+
+    @flyc.jit
+    def launch_k1(X: fx.Tensor, Residual: fx.Tensor, PostMix: fx.Tensor, ResMix: fx.Tensor,
+                  HcFn: fx.Tensor, HcBase: fx.Tensor, HcScale: fx.Tensor, AttnNorm: fx.Tensor,
+                  WQkv: fx.Tensor, SQkv: fx.Tensor, QNorm: fx.Tensor, KvNorm: fx.Tensor,
+                  WQb: fx.Tensor, SQb: fx.Tensor, Rope: fx.Tensor, Positions: fx.Tensor,
+                  SlotMapping: fx.Tensor, KvCache: fx.Tensor,
+                  ROut: fx.Tensor, PostOut: fx.Tensor, CombOut: fx.Tensor, XNorm: fx.Tensor,
+                  QrOut: fx.Tensor, QOut: fx.Tensor,
+                  Sync: fx.Tensor, WorkF32: fx.Tensor, WorkU8: fx.Tensor,
+                  m: fx.Int32, do_fold: fx.Int32, qkv_stride: fx.Int32, qb_stride: fx.Int32,
+                  page_stride: fx.Int32, block_size: fx.Int32,
+                  stream: fx.Stream = fx.Stream(None)):
+        kernel(X, Residual, PostMix, ResMix, HcFn, HcBase, HcScale, AttnNorm, WQkv, SQkv, QNorm, KvNorm,
+               WQb, SQb, Rope, Positions, SlotMapping, KvCache, ROut, PostOut, CombOut, XNorm, QrOut, QOut,
+               Sync, WorkF32, WorkU8, m, do_fold, qkv_stride, qb_stride, page_stride, block_size).launch(
+            grid=(CTAS, 1, 1), block=(THREADS, 1, 1), stream=stream)
+
+    return Build(launch_k1, placeholders(lay))
+
+
+def placeholders(lay: K1Layout) -> tuple:
+    """CPU tensors with the bucket's shapes (flat), in argument order, for flyc.compile."""
+    rows = lay.rows
+
+    def empty(n: int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(n, dtype=dtype)
+
+    bf16, f32, u8, i64 = torch.bfloat16, torch.float32, torch.uint8, torch.int64
+    block = 64
+    return (
+        empty(rows * H, bf16), empty(rows * STREAMS * H, bf16), empty(rows * STREAMS, f32), empty(rows * 16, f32),
+        empty(MIXES * STREAMS * H, f32), empty(MIXES, f32), empty(3, f32), empty(H, bf16),
+        empty(QKV * H, u8), empty((QKV // WEIGHT_BLOCK) * (H // WEIGHT_BLOCK), u8), empty(Q_LORA, bf16),
+        empty(KV_LORA, bf16),
+        empty(lay.q_width * Q_LORA, u8), empty((lay.q_width // WEIGHT_BLOCK) * (Q_LORA // WEIGHT_BLOCK), u8),
+        empty(1024 * ROPE, f32), empty(rows, i64), empty(rows, i64), empty(block * 584, u8),
+        empty(rows * STREAMS * H, bf16), empty(rows * STREAMS, f32), empty(rows * 16, f32), empty(rows * H, bf16),
+        empty(rows * Q_LORA, bf16), empty(rows * lay.q_width, bf16),
+        empty(lay.sync_words, torch.int32), empty(lay.f32_words, f32), empty(lay.bytes, u8),
+        rows, 1, H, Q_LORA, block * 584, block,
+    )

@@ -1,0 +1,190 @@
+"""K1's stage decomposition, sync words and scratch offsets, as plain numbers of a spec.
+
+Pure Python (no FlyDSL, no torch): the kernel, the runner that allocates K1's buffers and the
+tests all read the same figures from here.
+
+Stages and their task tables (CTA b runs tasks b, b + 256, ...; every stage waits only on flags
+of the stages before it, so with all 256 CTAs resident nothing can deadlock):
+
+  S1 fold + mix partials  task = (row group of 16, column chunk of 128): 56 x groups tasks.
+                          512 threads = 4 streams x 128 columns; each thread keeps its 24
+                          hc_fn weights in registers across the group's rows, so hc_fn is
+                          read once per group, not once per row.
+  S2 seam                 task = row: sum the 56 partials, gate (sigmoid, softmax + Sinkhorn),
+                          collapse, attn_norm, MXFP8 quantisation of the normed row.
+  S3 fused_wqa_wkv GEMV   task = one 16-row N tile of the 2048 outputs: 128 tasks, the 8 waves
+                          split K (56 steps of 128) and reduce through LDS.
+  S4 norms + KV insert    task = row: q_norm (+ MXFP8 of qr for S5), kv_norm, RoPE, UE8M0 record.
+  S5 wq_b GEMV            task = two 16-row N tiles (4 waves each, K = 12 steps split 3 ways);
+                          at TP8 that is 8192 / 32 = 256 tasks, one per CTA.
+  S6 q heads              task = (row, 8 heads): one wave per head: RMS, RoPE, bf16 store.
+
+Hand-offs are flags at device scope tagged with the step's epoch + 1 (see kernel.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ... import model
+from ...spec import Spec
+
+CTAS = 256
+THREADS = 512
+WAVES = THREADS // 64
+STREAMS = 4
+MIXES = 24  # (2 + 4) x 4: pre, post, comb
+PARTIALS = MIXES + 1  # the 24 dot products and the sum of squares
+SEAM_CHUNK = 128  # columns per S1 task (x 4 streams = one per thread)
+SEAM_CHUNKS = model.HIDDEN // SEAM_CHUNK  # 56
+SEAM_GROUP = 16  # rows per S1 task
+Q_LORA = 1536
+KV_LORA = 512
+QKV = Q_LORA + KV_LORA  # fused_wqa_wkv outputs
+HEAD_DIM = 512
+NOPE = 448
+ROPE = 64
+MX_BLOCK = 32  # MXFP8: one E8M0 per 32 values
+KV_SCALE_BLOCK = 64  # fp8_ds_mla: one UE8M0 per 64 NoPE dims
+KV_RECORD = 584
+KV_DATA = 576
+KV_SCALES = 8
+WEIGHT_BLOCK = 128  # checkpoint block scales: 128 x 128
+TILE_N = 16  # MFMA 16x16x128: 16 weight rows x 16 tokens per instruction
+TILE_K = 128
+HEADS_PER_TASK = WAVES  # S6: one wave per head
+EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class K1Layout:
+    """Every width, task count and offset of one K1 build."""
+
+    tp: int
+    rows: int  # max_tokens: the bucket
+
+    @classmethod
+    def of(cls, spec: Spec) -> "K1Layout":
+        return cls(tp=spec.tp, rows=spec.max_tokens)
+
+    # -- widths ------------------------------------------------------------------------
+    @property
+    def heads(self) -> int:
+        return model.HEADS // self.tp
+
+    @property
+    def q_width(self) -> int:
+        return self.heads * HEAD_DIM
+
+    @property
+    def row_tiles(self) -> int:
+        """16-token column blocks of the MFMA B operand."""
+        return math.ceil(self.rows / TILE_N)
+
+    # -- task tables -------------------------------------------------------------------
+    @property
+    def seam_groups(self) -> int:
+        return math.ceil(self.rows / SEAM_GROUP)
+
+    @property
+    def s1_tasks(self) -> int:
+        return self.seam_groups * SEAM_CHUNKS
+
+    @property
+    def s3_tasks(self) -> int:
+        return QKV // TILE_N  # 128
+
+    @property
+    def s5_tasks(self) -> int:
+        return self.q_width // (2 * TILE_N)
+
+    @property
+    def s5_tasks_per_head(self) -> int:
+        return HEAD_DIM // (2 * TILE_N)  # 16
+
+    @property
+    def head_groups(self) -> int:
+        return math.ceil(self.heads / HEADS_PER_TASK)
+
+    @property
+    def s6_tasks(self) -> int:
+        return self.rows * self.head_groups
+
+    # -- sync words (int32): epoch, exit counter, then one flag per producer task ---------
+    EPOCH = 0
+    EXIT = 1
+
+    @property
+    def f1(self) -> int:
+        return 2
+
+    @property
+    def f2(self) -> int:
+        return self.f1 + self.s1_tasks
+
+    @property
+    def f3(self) -> int:
+        return self.f2 + self.rows
+
+    @property
+    def f4(self) -> int:
+        return self.f3 + self.s3_tasks
+
+    @property
+    def f5(self) -> int:
+        return self.f4 + self.rows
+
+    @property
+    def sync_words(self) -> int:
+        return self.f5 + self.s5_tasks
+
+    # -- f32 scratch -------------------------------------------------------------------
+    @property
+    def partials(self) -> int:
+        """[rows, 56, 25] S1 mix partials."""
+        return 0
+
+    @property
+    def qkv_raw(self) -> int:
+        """[rows, 2048] S3 output before its bf16 rounding."""
+        return self.partials + self.rows * SEAM_CHUNKS * PARTIALS
+
+    @property
+    def q_raw(self) -> int:
+        """[rows, q_width] S5 output."""
+        return self.qkv_raw + self.rows * QKV
+
+    @property
+    def f32_words(self) -> int:
+        return self.q_raw + self.rows * self.q_width
+
+    # -- byte scratch ------------------------------------------------------------------
+    @property
+    def x_codes(self) -> int:
+        """[rows, 7168] e4m3 of the normed row."""
+        return 0
+
+    @property
+    def x_scales(self) -> int:
+        """[rows, 224] its E8M0 codes."""
+        return self.x_codes + self.rows * model.HIDDEN
+
+    @property
+    def qr_codes(self) -> int:
+        """[rows, 1536] e4m3 of the normed qr."""
+        return self.x_scales + self.rows * (model.HIDDEN // MX_BLOCK)
+
+    @property
+    def qr_scales(self) -> int:
+        """[rows, 48]."""
+        return self.qr_codes + self.rows * Q_LORA
+
+    @property
+    def bytes(self) -> int:
+        return self.qr_scales + self.rows * (Q_LORA // MX_BLOCK)
+
+    def as_dict(self) -> dict[str, int]:
+        names = ("heads", "q_width", "s1_tasks", "s3_tasks", "s5_tasks", "s6_tasks",
+                 "sync_words", "f32_words", "bytes")
+        return {"tp": self.tp, "rows": self.rows, **{n: getattr(self, n) for n in names}}

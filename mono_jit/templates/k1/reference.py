@@ -1,0 +1,256 @@
+"""Pure-torch reference of K1, stage by stage; its docstrings define the kernel's semantics.
+
+Rounding points (where a value becomes bf16) follow vLLM's DeepSeek-V4 path: R after the fold,
+the collapsed seam input, every RMSNorm output, and the outputs of the two GEMVs (vLLM's linear
+layers return bf16). Inside a stage everything is f32. Facts (widths, the Sinkhorn schedule,
+the fp8_ds_mla record) are from ../shared/MODEL.md and vLLM's DeepSeek-V4 model code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ... import model
+from .layout import (EPS, KV_DATA, KV_LORA, KV_RECORD, KV_SCALE_BLOCK, MX_BLOCK, NOPE, Q_LORA, ROPE,
+                     STREAMS, WEIGHT_BLOCK, HEAD_DIM)
+
+E4M3_MAX = 448.0
+SINKHORN_ROUNDS = 20
+HC_POST_ALPHA = 2.0
+KV_AMAX_FLOOR = 1e-4  # vLLM's insert floors a 64-block's amax before choosing its scale
+
+
+# -- E8M0 / MXFP8 ---------------------------------------------------------------------------
+
+def e8m0_code(amax: torch.Tensor) -> torch.Tensor:
+    """The E8M0 code of a block: clamp(ceil(log2(amax / 448)) + 127, 0, 254), exactly.
+
+    Computed on the f32 bits so no rounding of amax / 448 or of log2 can move a boundary:
+    amax = 1.m x 2^e is <= 448 x 2^s = 1.75 x 2^(8+s) iff s >= e - 8 (+1 when 1.m > 1.75).
+    Zero and f32 subnormals give 0; a finite amax gives at most 247; inf / NaN give 254.
+    """
+    bits = amax.to(torch.float32).abs().view(torch.int32)
+    biased = bits >> 23
+    above = ((bits & 0x7FFFFF) > 0x600000).to(torch.int32)
+    return torch.clamp(biased - 8 + above, 0, 254).to(torch.uint8)
+
+
+def e8m0_value(code: torch.Tensor) -> torch.Tensor:
+    """2^(code - 127) as f32 (codes 0..254)."""
+    return torch.exp2(code.to(torch.float32) - 127.0)
+
+
+def _e4m3(values: torch.Tensor) -> torch.Tensor:
+    """Round to e4m3 (RNE) after clamping into its range; returns the raw bytes."""
+    return values.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+
+
+def e4m3_value(codes: torch.Tensor) -> torch.Tensor:
+    return codes.view(torch.float8_e4m3fn).to(torch.float32)
+
+
+def mxfp8_quantize(x: torch.Tensor, block: int = MX_BLOCK,
+                   amax_floor: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 bytes [..., n], E8M0 codes [..., n / block]) of x along its last dim."""
+    blocks = x.to(torch.float32).unflatten(-1, (-1, block))
+    amax = blocks.abs().amax(-1).clamp_min(amax_floor)
+    codes = e8m0_code(amax)
+    scaled = blocks * torch.exp2(127.0 - codes.to(torch.float32)).unsqueeze(-1)
+    return _e4m3(scaled).flatten(-2), codes
+
+
+def mxfp8_dequantize(codes: torch.Tensor, scales: torch.Tensor, block: int = MX_BLOCK) -> torch.Tensor:
+    values = e4m3_value(codes).unflatten(-1, (-1, block))
+    return (values * e8m0_value(scales).unsqueeze(-1)).flatten(-2)
+
+
+def fp8_gemv(x_codes: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor,
+             weight_scales: torch.Tensor, k: int) -> torch.Tensor:
+    """f32 [M, N] = MXFP8 x [M, K] times the block-scaled e4m3 weight [N, row stride >= K]^T.
+
+    weight_scales [N / 128, K / 128] are E8M0 codes of the checkpoint's 128 x 128 blocks.
+    """
+    n = weight.shape[0]
+    w = e4m3_value(weight[:, :k]).view(n // WEIGHT_BLOCK, WEIGHT_BLOCK, k // WEIGHT_BLOCK, WEIGHT_BLOCK)
+    w = (w * e8m0_value(weight_scales)[:, None, :, None]).reshape(n, k)
+    x = mxfp8_dequantize(x_codes, x_scales)
+    return x.double().matmul(w.double().T).float()
+
+
+# -- norms and RoPE ---------------------------------------------------------------------------
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float = EPS) -> torch.Tensor:
+    """bf16(x * rsqrt(mean(x^2) + eps) * weight), all in f32, one rounding."""
+    xf = x.to(torch.float32)
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.to(torch.float32)
+    return y.to(torch.bfloat16)
+
+
+def rope_gptj(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """GPT-J (interleaved) RoPE in f32: pair i is dims (2i, 2i + 1), rotated by angle i."""
+    xf = x.to(torch.float32)
+    even, odd = xf[..., 0::2], xf[..., 1::2]
+    out = torch.empty_like(xf)
+    out[..., 0::2] = even * cos - odd * sin
+    out[..., 1::2] = odd * cos + even * sin
+    return out
+
+
+def rope_angles(rope_table: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [M, 32] from vLLM's cos_sin_cache [P, 64] (32 cos then 32 sin)."""
+    rows = rope_table[positions.long()].to(torch.float32)
+    return rows[:, : ROPE // 2], rows[:, ROPE // 2:]
+
+
+# -- the mHC attention seam -----------------------------------------------------------------
+
+def fold(x: torch.Tensor, residual: torch.Tensor, post_mix: torch.Tensor, res_mix: torch.Tensor,
+         do_fold: bool) -> torch.Tensor:
+    """R'_j = post_j * x + sum_i comb[i, j] * R_i in f32, stored bf16; R unchanged when not do_fold."""
+    if not do_fold:
+        return residual.clone()
+    post = post_mix.reshape(-1, STREAMS, 1).to(torch.float32)
+    comb = res_mix.reshape(-1, STREAMS, STREAMS).to(torch.float32)
+    mixed = torch.einsum("mij,mih->mjh", comb, residual.to(torch.float32))
+    return (post * x.to(torch.float32).unsqueeze(1) + mixed).to(torch.bfloat16)
+
+
+def sinkhorn(logits: torch.Tensor, rounds: int = SINKHORN_ROUNDS, eps: float = EPS) -> torch.Tensor:
+    """softmax over the last dim + eps, then columns, then (rounds - 1) x (rows, columns)."""
+    comb = torch.softmax(logits, dim=-1) + eps
+    comb = comb / (comb.sum(-2, keepdim=True) + eps)
+    for _ in range(rounds - 1):
+        comb = comb / (comb.sum(-1, keepdim=True) + eps)
+        comb = comb / (comb.sum(-2, keepdim=True) + eps)
+    return comb
+
+
+@dataclass
+class Gate:
+    mixes: torch.Tensor  # [M, 24]
+    pre: torch.Tensor  # [M, 4]
+    post: torch.Tensor  # [M, 4]
+    comb: torch.Tensor  # [M, 4, 4]
+
+
+def seam_gate(r: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
+              eps: float = EPS) -> Gate:
+    """The 24 mixes of R [M, 4, H] and the gate built from them (MODEL.md, mHC seam)."""
+    flat = r.flatten(1).to(torch.float32)
+    mixes = flat.double().matmul(fn.double().T).float() * torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + eps)
+    pre = torch.sigmoid(mixes[:, 0:4] * scale[0] + base[0:4]) + eps
+    post = torch.sigmoid(mixes[:, 4:8] * scale[1] + base[4:8]) * HC_POST_ALPHA
+    logits = (mixes[:, 8:24] * scale[2] + base[8:24]).view(-1, STREAMS, STREAMS)
+    return Gate(mixes, pre, post, sinkhorn(logits, eps=eps))
+
+
+def collapse(r: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    """bf16(sum_i pre_i R_i)."""
+    return torch.einsum("mi,mih->mh", pre, r.to(torch.float32)).to(torch.bfloat16)
+
+
+# -- the KV record --------------------------------------------------------------------------
+
+def kv_record(kv: torch.Tensor) -> torch.Tensor:
+    """[M, 584] fp8_ds_mla records of kv [M, 512] (NoPE normed, RoPE already applied).
+
+    Bytes 0..447 e4m3 of the NoPE dims, scaled per 64 by UE8M0 codes (amax floored at 1e-4);
+    448..575 the 64 RoPE dims as bf16; 576..582 the 7 codes; byte 583 (pad) is 0 here and is
+    never written by the insert.
+    """
+    m = kv.shape[0]
+    codes, scales = mxfp8_quantize(kv[:, :NOPE], KV_SCALE_BLOCK, KV_AMAX_FLOOR)
+    rope = kv[:, NOPE:].to(torch.bfloat16).contiguous().view(torch.uint8)
+    pad = torch.zeros(m, 1, dtype=torch.uint8)
+    return torch.cat([codes, rope, scales, pad], dim=1)
+
+
+def kv_dequantize(record: torch.Tensor) -> torch.Tensor:
+    """[M, 512] f32 values of [M, 584] records."""
+    nope = mxfp8_dequantize(record[:, :NOPE], record[:, KV_DATA:KV_DATA + NOPE // KV_SCALE_BLOCK],
+                            KV_SCALE_BLOCK)
+    rope = record[:, NOPE:KV_DATA].contiguous().view(torch.bfloat16).to(torch.float32)
+    return torch.cat([nope, rope], dim=1)
+
+
+def kv_insert(cache: torch.Tensor, records: torch.Tensor, slots: torch.Tensor, page_stride: int,
+              block: int) -> None:
+    """Write records into the flat byte cache at slots (-1 skipped), in place.
+
+    A page holds its `block` records' 576 data bytes first, then their 8 scale bytes; byte 583
+    of a record (the pad) is not written.
+    """
+    for record, slot in zip(records, slots.tolist()):
+        if slot < 0:
+            continue
+        page, row = divmod(slot, block)
+        base = page * page_stride
+        cache[base + row * KV_DATA: base + (row + 1) * KV_DATA] = record[:KV_DATA]
+        scales = base + block * KV_DATA + row * (KV_RECORD - KV_DATA)
+        cache[scales: scales + NOPE // KV_SCALE_BLOCK] = record[KV_DATA:KV_DATA + NOPE // KV_SCALE_BLOCK]
+
+
+def kv_read(cache: torch.Tensor, slot: int, page_stride: int, block: int) -> torch.Tensor:
+    """The [584] record at slot of a flat byte cache (pad byte from the cache as it is)."""
+    page, row = divmod(slot, block)
+    base = page * page_stride
+    scales = base + block * KV_DATA + row * (KV_RECORD - KV_DATA)
+    return torch.cat([cache[base + row * KV_DATA: base + (row + 1) * KV_DATA], cache[scales: scales + 8]])
+
+
+# -- K1 as a whole --------------------------------------------------------------------------
+
+@dataclass
+class K1Weights:
+    """One layer's K1 weights as vLLM holds them per rank (fp8 tensors as uint8 bytes)."""
+
+    hc_fn: torch.Tensor  # [24, 4 H] f32
+    hc_base: torch.Tensor  # [24] f32
+    hc_scale: torch.Tensor  # [3] f32
+    attn_norm: torch.Tensor  # [H] bf16
+    w_qkv: torch.Tensor  # [2048, stride >= H] e4m3 bytes (fused_wqa_wkv)
+    s_qkv: torch.Tensor  # [16, 56] E8M0
+    q_norm: torch.Tensor  # [1536] bf16
+    kv_norm: torch.Tensor  # [512] bf16
+    w_qb: torch.Tensor  # [heads x 512, stride >= 1536] e4m3 bytes (wq_b)
+    s_qb: torch.Tensor  # [heads x 4, 12] E8M0
+    rope: torch.Tensor  # [P, 64] f32 cos | sin
+
+
+@dataclass
+class K1Outputs:
+    r: torch.Tensor  # [M, 4, H] bf16, after the fold
+    post: torch.Tensor  # [M, 4] f32
+    comb: torch.Tensor  # [M, 4, 4] f32
+    x_norm: torch.Tensor  # [M, H] bf16
+    qr: torch.Tensor  # [M, 1536] bf16
+    q: torch.Tensor  # [M, heads, 512] bf16
+    kv: torch.Tensor  # [M, 512] f32: the record's content (normed, RoPE'd), before quantisation
+    records: torch.Tensor  # [M, 584] what the insert writes
+
+
+def k1(x: torch.Tensor, residual: torch.Tensor, post_mix: torch.Tensor, res_mix: torch.Tensor,
+       do_fold: bool, w: K1Weights, positions: torch.Tensor) -> K1Outputs:
+    """All of K1 for M rows (the cache insert is kv_insert(cache, out.records, slot_mapping, ...))."""
+    r = fold(x, residual, post_mix, res_mix, do_fold)
+    gate = seam_gate(r, w.hc_fn, w.hc_base, w.hc_scale)
+    x_norm = rms_norm(collapse(r, gate.pre), w.attn_norm)
+    x_codes, x_scales = mxfp8_quantize(x_norm)
+    qkv = fp8_gemv(x_codes, x_scales, w.w_qkv, w.s_qkv, model.HIDDEN).to(torch.bfloat16)
+    qr = rms_norm(qkv[:, :Q_LORA], w.q_norm)
+    kv = rms_norm(qkv[:, Q_LORA:Q_LORA + KV_LORA], w.kv_norm)
+    cos, sin = rope_angles(w.rope, positions)
+    kv = torch.cat([kv[:, :NOPE].to(torch.float32), rope_gptj(kv[:, NOPE:], cos, sin)], dim=1)
+    kv = kv.to(torch.bfloat16).to(torch.float32)
+    qr_codes, qr_scales = mxfp8_quantize(qr)
+    heads = w.w_qb.shape[0] // HEAD_DIM
+    q_lin = fp8_gemv(qr_codes, qr_scales, w.w_qb, w.s_qb, Q_LORA).to(torch.bfloat16)
+    q = q_lin.view(-1, heads, HEAD_DIM).to(torch.float32)
+    q = q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + EPS)
+    q[..., NOPE:] = rope_gptj(q[..., NOPE:], cos.unsqueeze(1), sin.unsqueeze(1))
+    return K1Outputs(r=r, post=gate.post, comb=gate.comb, x_norm=x_norm, qr=qr,
+                     q=q.to(torch.bfloat16), kv=kv, records=kv_record(kv))
