@@ -80,8 +80,9 @@ def _bf16(value):
 def _e8m0(amax):
     """clamp(ceil(log2(amax / 448)) + 127, 0, 254) from the f32 bits (reference.e8m0_code)."""
     bits = f32_bits(fx.math.absf(amax))
-    code = (bits >> 23) - 8 + ((bits & 0x7FFFFF) > 0x600000).select(1, 0)
-    return fx.min(fx.max(code, 0), 254)
+    biased = bits >> 23
+    code = biased - 8 + ((bits & 0x7FFFFF) > 0x600000).select(1, 0)
+    return (biased == 255).select(254, fx.min(fx.max(code, 0), 254))
 
 
 def _e8m0_inverse(code):

@@ -34,7 +34,8 @@ def e8m0_code(amax: torch.Tensor) -> torch.Tensor:
     bits = amax.to(torch.float32).abs().view(torch.int32)
     biased = bits >> 23
     above = ((bits & 0x7FFFFF) > 0x600000).to(torch.int32)
-    return torch.clamp(biased - 8 + above, 0, 254).to(torch.uint8)
+    code = torch.where(biased == 255, 254, biased - 8 + above)
+    return torch.clamp(code, 0, 254).to(torch.uint8)
 
 
 def e8m0_value(code: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,247 @@
+"""K1's torch reference against independent formulations (CPU)."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import pytest
+import torch
+
+from mono_jit.spec import Spec
+from mono_jit.templates.k1 import reference as ref
+from mono_jit.templates.k1.layout import K1Layout
+
+H = 7168
+
+
+@pytest.fixture(autouse=True)
+def _seeded():
+    torch.manual_seed(0)
+
+
+def exact_code(amax: float) -> int:
+    """Smallest s with amax <= 448 * 2^s, + 127, clamped to 0..254 (exact rational arithmetic)."""
+    if amax == 0 or math.isnan(amax):
+        return 0 if amax == 0 else 254
+    if math.isinf(amax):
+        return 254
+    a, s = Fraction(amax), -200
+    while a > 448 * Fraction(2) ** s:
+        s += 1
+    return min(max(s + 127, 0), 254)
+
+
+EDGES = [0.0, 1e-45, 1e-40, 2.0 ** -126, 1e-4, 0.5, 1.0, 224.0, 447.99, 448.0,
+         float(torch.tensor(448.0).nextafter(torch.tensor(1e9))), 449.0, 896.0, 897.0, 1e6, 3.4e38]
+
+
+@pytest.mark.parametrize("amax", EDGES)
+def test_e8m0_code_on_edges(amax):
+    assert int(ref.e8m0_code(torch.tensor([amax], dtype=torch.float32))[0]) == exact_code(
+        float(torch.tensor(amax, dtype=torch.float32)))
+
+
+def test_e8m0_code_random_and_special():
+    values = torch.cat([torch.rand(2000) * 1000, torch.exp2(torch.randint(-140, 120, (500,)).float()) * 448,
+                        torch.tensor([float("inf"), float("-inf")])])
+    codes = ref.e8m0_code(values)
+    assert codes.tolist() == [exact_code(abs(v)) for v in values.tolist()]
+    assert int(ref.e8m0_code(torch.tensor([3.4e38]))[0]) == 247  # the largest finite code
+
+
+def test_mxfp8_codes_on_edge_values():
+    block = torch.zeros(4, 32)
+    block[1, 0] = 448.0  # exactly representable at scale 1: code 127, byte 0x7E
+    block[1, 1] = 2.0 ** -9  # the smallest e4m3 subnormal at scale 1
+    block[2, 0] = 449.0  # above 448: the scale doubles
+    block[3, 0] = 1e-42  # an f32 subnormal block
+    codes, scales = ref.mxfp8_quantize(block.flatten())
+    codes = codes.view(4, 32)
+    assert scales.tolist() == [0, 127, 128, 0]
+    assert codes[0].eq(0).all()
+    assert int(codes[1, 0]) == 0x7E and int(codes[1, 1]) == 0x01
+    assert float(ref.e4m3_value(codes[2, :1]) * 2) == 448.0  # 449 / 2 rounds to 224 (RNE)
+    back = ref.mxfp8_dequantize(codes.flatten(), scales).view(4, 32)
+    assert back[1, 0] == 448.0 and back[1, 1] == 2.0 ** -9
+
+
+def test_mxfp8_round_trip_error_is_e4m3_error():
+    x = torch.randn(64, 256) * torch.exp2(torch.randint(-20, 20, (64, 1)).float())
+    codes, scales = ref.mxfp8_quantize(x)
+    back = ref.mxfp8_dequantize(codes, scales)
+    blocks = x.view(64, 8, 32)
+    quantum = ref.e8m0_value(scales).unsqueeze(-1) * 2.0 ** -9  # e4m3 subnormal step at that scale
+    err = (back.view(64, 8, 32) - blocks).abs()
+    assert (err <= torch.maximum(blocks.abs() * 2.0 ** -4, quantum)).all()
+    assert (back.view(64, 8, 32).abs().amax(-1) <= 448 * ref.e8m0_value(scales)).all()
+
+
+def test_sinkhorn_is_doubly_stochastic():
+    logits = torch.randn(256, 4, 4)  # mixes * scale + base: O(1) logits
+    comb = ref.sinkhorn(logits)
+    assert (comb > 0).all()
+    # Columns are normalised last (exact); rows converge: 20 rounds leave < 5e-4 on O(1) logits.
+    torch.testing.assert_close(comb.sum(-1), torch.ones(256, 4), atol=5e-4, rtol=0)
+    torch.testing.assert_close(comb.sum(-2), torch.ones(256, 4), atol=1e-5, rtol=0)
+
+
+def test_sinkhorn_first_step_is_row_softmax_then_columns():
+    logits = torch.randn(3, 4, 4)
+    one = ref.sinkhorn(logits, rounds=1)
+    soft = torch.exp(logits) / torch.exp(logits).sum(-1, keepdim=True) + ref.EPS
+    torch.testing.assert_close(one, soft / (soft.sum(-2, keepdim=True) + ref.EPS))
+
+
+def test_rms_norm_matches_torch():
+    x = torch.randn(5, 512).to(torch.bfloat16)
+    w = torch.randn(512).to(torch.bfloat16)
+    expected = torch.nn.functional.rms_norm(x.float(), (512,), w.float(), eps=1e-6).to(torch.bfloat16)
+    assert torch.equal(ref.rms_norm(x, w), expected)
+
+
+def test_rope_pairs_adjacent_dims_like_a_complex_rotation():
+    x = torch.randn(6, 64)
+    theta = torch.rand(6, 32) * 6
+    out = ref.rope_gptj(x, torch.cos(theta), torch.sin(theta))
+    as_complex = torch.view_as_complex(x.view(6, 32, 2)) * torch.polar(torch.ones_like(theta), theta)
+    torch.testing.assert_close(out, torch.view_as_real(as_complex).view(6, 64), atol=1e-5, rtol=1e-5)
+
+
+def test_fold_against_loops():
+    m = 2
+    x = torch.randn(m, 8).to(torch.bfloat16)
+    r = torch.randn(m, 4, 8).to(torch.bfloat16)
+    post = torch.rand(m, 4, 1) * 2
+    comb = torch.rand(m, 4, 4)
+    out = ref.fold(x, r, post, comb, True)
+    for t in range(m):
+        for j in range(4):
+            want = post[t, j, 0] * x[t].float() + sum(comb[t, i, j] * r[t, i].float() for i in range(4))
+            assert torch.equal(out[t, j], want.to(torch.bfloat16))
+    assert torch.equal(ref.fold(x, r, post, comb, False), r)
+
+
+def test_seam_gate_against_loops():
+    m, h = 2, 16
+    r = torch.randn(m, 4, h).to(torch.bfloat16)
+    fn, base, scale = torch.randn(24, 4 * h), torch.randn(24), torch.rand(3) + 0.5
+    gate = ref.seam_gate(r, fn, base, scale)
+    for t in range(m):
+        flat = r[t].flatten().double()
+        mixes = [(flat * fn[k].double()).sum() / math.sqrt(float((flat ** 2).mean()) + 1e-6) for k in range(24)]
+        assert torch.allclose(gate.mixes[t].double(), torch.stack(mixes), rtol=1e-5, atol=1e-5)
+        pre = [1 / (1 + math.exp(-(float(mixes[i]) * float(scale[0]) + float(base[i])))) + 1e-6 for i in range(4)]
+        assert torch.allclose(gate.pre[t].double(), torch.tensor(pre, dtype=torch.float64), atol=1e-6)
+    assert ((gate.post > 0) & (gate.post < 2)).all()
+    torch.testing.assert_close(gate.comb.sum(-2), torch.ones(m, 4), atol=1e-5, rtol=0)
+
+
+def test_fp8_gemv_against_blockwise_loops():
+    n, k, m = 256, 256, 3
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(n, k, generator=g) * 50).clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+    padded = torch.cat([w, torch.full((n, 32), 0x7F, dtype=torch.uint8)], dim=1)  # padded rows (NaN bytes)
+    ws = torch.randint(120, 130, (2, 2), generator=g, dtype=torch.uint8)
+    x = torch.randn(m, k, generator=g)
+    xc, xs = ref.mxfp8_quantize(x)
+    out = ref.fp8_gemv(xc, xs, padded, ws, k)
+    xd = ref.mxfp8_dequantize(xc, xs).double()
+    want = torch.zeros(m, n, dtype=torch.float64)
+    for bn in range(2):
+        for bk in range(2):
+            blk = ref.e4m3_value(w[bn * 128:(bn + 1) * 128, bk * 128:(bk + 1) * 128]).double()
+            want[:, bn * 128:(bn + 1) * 128] += xd[:, bk * 128:(bk + 1) * 128] @ blk.T * 2.0 ** (int(ws[bn, bk]) - 127)
+    torch.testing.assert_close(out.double(), want, rtol=1e-6, atol=1e-6)
+
+
+def _records(m=4):
+    kv = torch.randn(m, 512) * torch.exp2(torch.randint(-6, 6, (m, 1)).float())
+    kv[0, :64] = 0  # an all-zero block: the amax floor applies
+    kv = kv.to(torch.bfloat16).float()
+    return kv, ref.kv_record(kv)
+
+
+def test_kv_record_round_trip_within_e4m3_error():
+    kv, records = _records()
+    assert records.shape == (4, 584) and records.dtype == torch.uint8
+    back = ref.kv_dequantize(records)
+    assert torch.equal(back[:, 448:], kv[:, 448:])  # RoPE dims are stored as bf16
+    scales = ref.e8m0_value(records[:, 576:583]).repeat_interleave(64, dim=1)
+    err = (back[:, :448] - kv[:, :448]).abs()
+    assert (err <= torch.maximum(kv[:, :448].abs() * 2.0 ** -4, scales * 2.0 ** -9)).all()
+    assert int(records[0, 576]) == exact_code(1e-4)  # zero block: code of the 1e-4 floor
+    assert records[:, 583].eq(0).all()
+
+
+def test_kv_insert_writes_pages_and_skips_minus_one():
+    _, records = _records(4)
+    block, stride, pages = 4, 4 * 584 + 64, 3  # a page padded past its records
+    cache = torch.full((pages * stride,), 0xAB, dtype=torch.uint8)
+    slots = torch.tensor([5, -1, 0, 11])
+    ref.kv_insert(cache, records, slots, stride, block)
+    for rec, slot in zip(records, slots.tolist()):
+        if slot >= 0:
+            got = ref.kv_read(cache, slot, stride, block)
+            assert torch.equal(got[:583], rec[:583])
+            assert int(got[583]) == 0xAB  # the pad byte is not the insert's
+    written = torch.zeros_like(cache, dtype=torch.bool)
+    for slot in (5, 0, 11):
+        page, row = divmod(slot, block)
+        written[page * stride + row * 576: page * stride + (row + 1) * 576] = True
+        s = page * stride + block * 576 + row * 8
+        written[s:s + 7] = True
+    assert cache[~written].eq(0xAB).all(), "bytes outside the three records changed (the -1 row wrote?)"
+
+
+def _weights(tp=8, positions=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    heads = 128 // tp
+
+    def fp8(n, k, std):
+        return (torch.randn(n, k, generator=g) * std).to(torch.float8_e4m3fn).view(torch.uint8)
+
+    return ref.K1Weights(
+        hc_fn=torch.randn(24, 4 * H, generator=g) * 0.01, hc_base=torch.randn(24, generator=g) * 0.1,
+        hc_scale=torch.rand(3, generator=g) + 0.5, attn_norm=(1 + 0.1 * torch.randn(H, generator=g)).to(torch.bfloat16),
+        w_qkv=fp8(2048, H, 16), s_qkv=torch.randint(118, 122, (16, 56), generator=g, dtype=torch.uint8),
+        q_norm=torch.ones(1536, dtype=torch.bfloat16), kv_norm=torch.ones(512, dtype=torch.bfloat16),
+        w_qb=fp8(heads * 512, 1536, 16), s_qb=torch.randint(118, 122, (heads * 4, 12), generator=g, dtype=torch.uint8),
+        rope=rope_table(positions, g))
+
+
+def rope_table(positions, g):
+    theta = torch.rand(positions, 32, generator=g) * 6
+    return torch.cat([torch.cos(theta), torch.sin(theta)], dim=1)
+
+
+def test_k1_reference_end_to_end_invariants():
+    m = 3
+    w = _weights()
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(m, H, generator=g).to(torch.bfloat16)
+    residual = torch.randn(m, 4, H, generator=g).to(torch.bfloat16)
+    post_mix = torch.rand(m, 4, 1, generator=g) * 2
+    res_mix = ref.sinkhorn(torch.randn(m, 4, 4, generator=g))
+    out = ref.k1(x, residual, post_mix, res_mix, True, w, torch.tensor([0, 17, 63]))
+    assert out.q.shape == (m, 16, 512) and out.qr.shape == (m, 1536) and out.x_norm.shape == (m, H)
+    torch.testing.assert_close(out.comb.sum(-2), torch.ones(m, 4), atol=1e-5, rtol=0)
+    # q_norm / kv_norm / head RMS with unit weights: RMS 1 (RoPE rotates pairs, keeping norms).
+    torch.testing.assert_close(out.qr.float().pow(2).mean(-1), torch.ones(m), atol=2e-2, rtol=0)
+    torch.testing.assert_close(out.q.float().pow(2).mean(-1), torch.ones(m, 16), atol=2e-2, rtol=0)
+    torch.testing.assert_close(out.kv.pow(2).mean(-1), torch.ones(m), atol=2e-2, rtol=0)
+    back = ref.kv_dequantize(out.records)
+    torch.testing.assert_close(back, out.kv, atol=0.1, rtol=0.07)
+    assert torch.equal(ref.k1(x, residual, post_mix, res_mix, False, w, torch.zeros(m, dtype=torch.long)).r, residual)
+
+
+@pytest.mark.parametrize("rows", [1, 16, 64])
+def test_layout_offsets_are_aligned_and_disjoint(rows):
+    lay = K1Layout.of(Spec(8, 4, 1024, rows))
+    assert lay.s5_tasks == 256 and lay.s3_tasks == 128 and lay.heads == 16
+    f32_regions = [lay.partials, lay.qkv_raw, lay.q_raw, lay.f32_words]
+    byte_regions = [lay.x_codes, lay.x_scales, lay.qr_codes, lay.qr_scales, lay.bytes]
+    assert f32_regions == sorted(f32_regions) and byte_regions == sorted(byte_regions)
+    assert all(o % 8 == 0 for o in f32_regions[1:3])  # 8-wide f32 loads
+    assert all(o % 16 == 0 for o in (lay.x_codes, lay.qr_codes))  # 16-byte MFMA operand loads
+    assert lay.sync_words == 2 + lay.s1_tasks + rows + 128 + rows + 256
