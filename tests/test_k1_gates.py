@@ -1,0 +1,78 @@
+"""Static gates of K1 for every max-tokens bucket at TP8: it compiles for gfx950 through the
+service, fits the persistent grid with no scratch or spills, and its ISA holds what the design
+relies on (scaled MFMA for both GEMVs, agent-scope release / acquire, the exit atomic, hardware
+fp8 conversion). These need no GPU; tests/test_gpu.py runs the kernel."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import settings_at
+
+from mono_jit.cache.store import Store
+from mono_jit.config import Settings
+from mono_jit.hsaco import read_metadata
+from mono_jit.isa import disassemble, find_objdump, instruction_counts
+from mono_jit.prebuild import prebuild
+from mono_jit.spec import STANDARD_MAX_TOKENS, Spec
+from mono_jit.templates import get
+from mono_jit.templates.k1.layout import K1Layout
+
+BUCKETS = STANDARD_MAX_TOKENS
+K_STEPS = 7168 // 128 // 8 + 1536 // 128 // 4  # K steps per wave: S3 7, S5 3
+
+
+@pytest.fixture(scope="session")
+def k1_builds(tmp_path_factory):
+    """{max_tokens: (meta, hsaco, listing)} for K1 at TP8, compiled once per session."""
+    root = tmp_path_factory.mktemp("k1") / "cache"
+    settings = settings_at(root)
+    summary, _ = prebuild([get("k1")], [Spec(8, 4, 1024, t) for t in BUCKETS], settings, jobs=2, timeout=900)
+    assert not summary.failed, json.dumps(summary.failed, indent=1)[:4000]
+    assert summary.compiled == len(BUCKETS)
+    objdump = find_objdump(Settings())
+    builds = {}
+    for entry in Store(settings).entries():
+        assert not isinstance(entry, tuple), entry
+        rows = entry.meta["spec"]["max_tokens"]
+        builds[rows] = (entry.meta, entry.hsaco, disassemble(entry.hsaco, objdump))
+    return builds
+
+
+@pytest.mark.parametrize("rows", BUCKETS)
+def test_k1_bucket_fits_the_persistent_grid(k1_builds, rows):
+    meta, hsaco, _ = k1_builds[rows]
+    assert meta["launch"] == {"grid": [256, 1, 1], "block": [512, 1, 1], "dynamic_lds": 0}
+    assert meta["persistent"] is True
+    (kernel,) = read_metadata(hsaco)[1]
+    assert kernel.scratch == 0 and kernel.vgpr_spills == 0 and kernel.sgpr_spills == 0
+    assert kernel.reqd_workgroup_size == (512, 1, 1)
+    residency = meta["residency"][kernel.name]
+    assert residency["ctas_per_cu"] >= 1 and residency["waves_per_simd"] == 2
+    assert kernel.vgpr + kernel.agpr <= 256  # two waves per SIMD
+    # The kernarg block is exactly the contract: 27 tensors (pointer + i32 length) and 6 i32.
+    assert len(kernel.args) == 27 * 2 + 6
+    assert [a["name"] for a in meta["arguments"]][-6:] == [
+        "m", "do_fold", "qkv_stride", "qb_stride", "page_stride", "block_size"]
+
+
+@pytest.mark.parametrize("rows", BUCKETS)
+def test_k1_isa_has_the_instructions_the_design_relies_on(k1_builds, rows):
+    _, _, listing = k1_builds[rows]
+    counts = instruction_counts(listing)
+    row_tiles = K1Layout(8, rows).row_tiles
+    assert counts["v_mfma_scale_f32_16x16x128_f8f6f4"] == K_STEPS * row_tiles
+    assert counts["buffer_wbl2"] >= 5 and counts["buffer_inv"] >= 5  # release per publish, acquire per wait
+    assert counts["global_atomic_add"] >= 1  # the exit counter
+    assert counts["v_cvt_pk_fp8_f32"] >= 12  # MXFP8 of x and qr, the KV record
+    assert not [m for m in counts if m.startswith("scratch_")]
+    assert "sc1" in next(line for line in listing.splitlines() if "buffer_wbl2" in line)  # agent scope
+
+
+def test_k1_key_reads_only_tp_and_max_tokens():
+    k1 = get("k1")
+    assert k1.key_spec(Spec(8, 4, 1024, 8)) == k1.key_spec(Spec(8, 128, 8192, 8))
+    assert k1.key_spec(Spec(8, 4, 1024, 8)) != k1.key_spec(Spec(4, 4, 1024, 8))
+    assert [a.name for a in k1.arguments(Spec(4, 4, 1024, 8)) if a.name == "q_out"]
+    assert "[M, 32, 512]" in next(a.doc for a in k1.arguments(Spec(4, 4, 1024, 8)) if a.name == "q_out")
