@@ -7,6 +7,7 @@ from fractions import Fraction
 
 import pytest
 import torch
+from k1_inputs import random_activations, random_weights
 
 from mono_jit.spec import Spec
 from mono_jit.templates.k1 import reference as ref
@@ -194,35 +195,10 @@ def test_kv_insert_writes_pages_and_skips_minus_one():
     assert cache[~written].eq(0xAB).all(), "bytes outside the three records changed (the -1 row wrote?)"
 
 
-def _weights(tp=8, positions=64, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    heads = 128 // tp
-
-    def fp8(n, k, std):
-        return (torch.randn(n, k, generator=g) * std).to(torch.float8_e4m3fn).view(torch.uint8)
-
-    return ref.K1Weights(
-        hc_fn=torch.randn(24, 4 * H, generator=g) * 0.01, hc_base=torch.randn(24, generator=g) * 0.1,
-        hc_scale=torch.rand(3, generator=g) + 0.5, attn_norm=(1 + 0.1 * torch.randn(H, generator=g)).to(torch.bfloat16),
-        w_qkv=fp8(2048, H, 16), s_qkv=torch.randint(118, 122, (16, 56), generator=g, dtype=torch.uint8),
-        q_norm=torch.ones(1536, dtype=torch.bfloat16), kv_norm=torch.ones(512, dtype=torch.bfloat16),
-        w_qb=fp8(heads * 512, 1536, 16), s_qb=torch.randint(118, 122, (heads * 4, 12), generator=g, dtype=torch.uint8),
-        rope=rope_table(positions, g))
-
-
-def rope_table(positions, g):
-    theta = torch.rand(positions, 32, generator=g) * 6
-    return torch.cat([torch.cos(theta), torch.sin(theta)], dim=1)
-
-
 def test_k1_reference_end_to_end_invariants():
     m = 3
-    w = _weights()
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(m, H, generator=g).to(torch.bfloat16)
-    residual = torch.randn(m, 4, H, generator=g).to(torch.bfloat16)
-    post_mix = torch.rand(m, 4, 1, generator=g) * 2
-    res_mix = ref.sinkhorn(torch.randn(m, 4, 4, generator=g))
+    w = random_weights(row_pad=256)
+    x, residual, post_mix, res_mix = random_activations(m)
     out = ref.k1(x, residual, post_mix, res_mix, True, w, torch.tensor([0, 17, 63]))
     assert out.q.shape == (m, 16, 512) and out.qr.shape == (m, 1536) and out.x_norm.shape == (m, H)
     torch.testing.assert_close(out.comb.sum(-2), torch.ones(m, 4), atol=1e-5, rtol=0)
