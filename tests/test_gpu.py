@@ -2,6 +2,8 @@
 elsewhere; nothing here has run on hardware yet. The launch goes through FlyDSL's own JIT
 call (the ctypes runner comes with the runner issue)."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -76,17 +78,23 @@ K1_PAGE_STRIDE = 37440  # 64 x 584 rounded up to the 576-byte stride, as vLLM al
 class K1Run:
     """K1's device buffers for one bucket; launch() runs one step on them."""
 
-    def __init__(self, bucket: int, w, row_pad: int):
+    def __init__(self, bucket: int, w, row_pad: int, shuffled: bool = False):
         from mono_jit.templates.k1.layout import K1Layout
 
         self.lay = K1Layout(8, bucket)
+        from mono_jit.templates.k1 import reference as ref
+
+        if shuffled:  # what vLLM's ROCm attention may do to fused_wqa_wkv (prepare_attn_preshuffle)
+            w = dataclasses.replace(w, w_qkv=ref.preshuffle_16x16(w.w_qkv[:, :7168].contiguous()),
+                                    qkv_shuffled=True)
+            row_pad = 0
         self.bucket, self.w = bucket, w
         self.build = get("k1").build(Spec(8, 4, 1024, bucket))
         dev = "cuda"
         self.weights = [t.to(dev).flatten() for t in (
             w.hc_fn, w.hc_base, w.hc_scale, w.attn_norm, w.w_qkv, w.s_qkv, w.q_norm, w.kv_norm, w.w_qb, w.s_qb,
             w.rope)]
-        self.strides = (7168 + row_pad, 1536 + row_pad)
+        self.layouts = (7168 + row_pad, int(w.qkv_shuffled), 1536 + row_pad, int(w.qb_shuffled))
         self.x = torch.zeros(bucket * 7168, dtype=torch.bfloat16, device=dev)
         self.residual = torch.zeros(bucket * 4 * 7168, dtype=torch.bfloat16, device=dev)
         self.post_mix = torch.zeros(bucket * 4, device=dev)
@@ -116,7 +124,7 @@ class K1Run:
             self.x, self.residual, self.post_mix, self.res_mix, hc_fn, hc_base, hc_scale, attn_norm, w_qkv, s_qkv,
             q_norm, kv_norm, w_qb, s_qb, rope, self.positions, self.slots, self.cache,
             self.r, self.post, self.comb, self.x_norm, self.qr, self.q, self.sync, self.work_f32, self.work_u8,
-            m, do_fold, self.strides[0], self.strides[1], K1_PAGE_STRIDE, K1_BLOCK)
+            m, do_fold, *self.layouts, K1_PAGE_STRIDE, K1_BLOCK)
 
     def check(self, m, x, residual, post_mix, res_mix, positions, slots, do_fold, cache_before):
         from mono_jit.templates.k1 import reference as ref
@@ -161,11 +169,12 @@ def _k1_step(run: K1Run, m: int, seed: int, do_fold: int):
     return (m, x, residual, post_mix, res_mix, positions, slots, do_fold)
 
 
-@pytest.mark.parametrize("m, bucket, do_fold", [(1, 1, 1), (3, 4, 1), (17, 32, 0), (64, 64, 1)])
-def test_k1_matches_reference(m, bucket, do_fold):
+@pytest.mark.parametrize("m, bucket, do_fold, shuffled",
+                         [(1, 1, 1, False), (3, 4, 1, True), (17, 32, 0, False), (64, 64, 1, True)])
+def test_k1_matches_reference(m, bucket, do_fold, shuffled):
     from k1_inputs import random_weights
 
-    run = K1Run(bucket, random_weights(row_pad=256), row_pad=256)
+    run = K1Run(bucket, random_weights(row_pad=256), row_pad=256, shuffled=shuffled)
     step = _k1_step(run, m, seed=m, do_fold=do_fold)
     before = run.cache.cpu().clone()
     run.launch(m, do_fold)

@@ -214,10 +214,34 @@ def test_k1_reference_end_to_end_invariants():
 @pytest.mark.parametrize("rows", [1, 16, 64])
 def test_layout_offsets_are_aligned_and_disjoint(rows):
     lay = K1Layout.of(Spec(8, 4, 1024, rows))
-    assert lay.s5_tasks == 256 and lay.s3_tasks == 128 and lay.heads == 16
+    assert lay.s5_tasks == 256 and lay.s3_tasks == 256 and lay.heads == 16  # one task per CTA
     f32_regions = [lay.partials, lay.qkv_raw, lay.q_raw, lay.f32_words]
     byte_regions = [lay.x_codes, lay.x_scales, lay.qr_codes, lay.qr_scales, lay.bytes]
     assert f32_regions == sorted(f32_regions) and byte_regions == sorted(byte_regions)
     assert all(o % 8 == 0 for o in f32_regions[1:3])  # 8-wide f32 loads
     assert all(o % 16 == 0 for o in (lay.x_codes, lay.qr_codes))  # 16-byte MFMA operand loads
-    assert lay.sync_words == 2 + lay.s1_tasks + rows + 128 + rows + 256
+    assert lay.sync_words == 2 + lay.s1_tasks + rows + 256 + rows + 256
+
+
+def test_preshuffle_matches_aiters_index_formula_and_round_trips():
+    w = torch.randint(0, 256, (64, 128), dtype=torch.uint8)
+    packed = ref.preshuffle_16x16(w)
+    for n, k in [(0, 0), (5, 17), (16, 31), (17, 32), (63, 127), (40, 100)]:
+        at = ((n // 16) * (128 // 32) + k // 32) * 512 + ((k % 32) // 16) * 256 + (n % 16) * 16 + k % 16
+        assert packed.flatten()[at] == w[n, k]
+    assert torch.equal(ref.unshuffle_16x16(packed), w)
+
+
+def test_fp8_gemv_reads_a_preshuffled_weight_like_the_plain_one():
+    w = (torch.randn(256, 256) * 30).to(torch.float8_e4m3fn).view(torch.uint8)
+    ws = torch.randint(120, 130, (2, 2), dtype=torch.uint8)
+    xc, xs = ref.mxfp8_quantize(torch.randn(2, 256))
+    assert torch.equal(ref.fp8_gemv(xc, xs, ref.preshuffle_16x16(w), ws, 256, shuffled=True),
+                       ref.fp8_gemv(xc, xs, w, ws, 256))
+
+
+def test_e8m0_from_scale_is_exact_and_refuses_non_powers_of_two():
+    codes = torch.tensor([0, 1, 100, 127, 200, 254], dtype=torch.uint8)
+    assert torch.equal(ref.e8m0_from_scale(ref.e8m0_value(codes[1:])), codes[1:])
+    with pytest.raises(ValueError, match="powers of two"):
+        ref.e8m0_from_scale(torch.tensor([0.75]))

@@ -9,10 +9,12 @@ fp8 tensors passed as their bytes, e.g. `weight.view(torch.uint8)`):
        res_mix      [M, 4, 4] f32         the previous FFN seam's comb
        hc_fn        [24, 4 x 7168] f32    hc_attn_fn;  hc_base [24], hc_scale [3] f32
        attn_norm    [7168] bf16
-       w_qkv        [2048, qkv_stride] e4m3  fused_wqa_wkv (rows may be padded; stride % 16 == 0)
-       s_qkv        [16, 56] E8M0         its 128 x 128 block scales (codes, not f32)
+       w_qkv        [2048, qkv_stride] e4m3  fused_wqa_wkv: row-major (rows may be padded, stride
+                    % 16 == 0) or, with qkv_shuffled, AITER's (16, 16) preshuffle of [2048, 7168]
+       s_qkv        [16, 56] E8M0         its 128 x 128 block scales as codes (reference.e8m0_from_scale
+                    turns vLLM's f32 power-of-two scales into them, exactly)
        q_norm       [1536] bf16;  kv_norm [512] bf16
-       w_qb         [heads x 512, qb_stride] e4m3  wq_b;  s_qb [heads x 4, 12] E8M0
+       w_qb         [heads x 512, qb_stride] e4m3  wq_b (qb_shuffled as for w_qkv);  s_qb [heads x 4, 12]
        rope         [P, 64] f32           cos | sin per position (GPT-J pairs on the last 64 dims)
        positions    [M] int64;  slot_mapping [M] int64 (-1: no insert)
        kv_cache     the SWA cache's bytes: pages of `block_size` 584-byte fp8_ds_mla records,
@@ -24,7 +26,8 @@ fp8 tensors passed as their bytes, e.g. `weight.view(torch.uint8)`):
        q_out        [M, heads, 512] bf16  for K2's attention
   work sync         [K1Layout.sync_words] int32, zeroed once, owned by one bucket's K1
        work_f32     [K1Layout.f32_words] f32;  work_u8 [K1Layout.bytes] uint8
-  i32  m, do_fold (0 on layer 0), qkv_stride, qb_stride, page_stride, block_size
+  i32  m, do_fold (0 on layer 0), qkv_stride, qkv_shuffled, qb_stride, qb_shuffled, page_stride,
+       block_size
 
 Semantics are reference.k1's. Specialised by TP (the local heads of wq_b) and max tokens; not
 by ratio or top-k width: every layer type runs the same K1.
@@ -85,8 +88,10 @@ class K1Template(Template):
             t("work_u8", "uint8", f"[{lay.bytes}] scratch"),
             i("m", "rows this step (1..max_tokens)"),
             i("do_fold", "0 on layer 0, else 1"),
-            i("qkv_stride", "row stride of w_qkv in bytes"),
-            i("qb_stride", "row stride of w_qb in bytes"),
+            i("qkv_stride", "row stride of w_qkv in bytes (row-major)"),
+            i("qkv_shuffled", "1 if w_qkv is AITER-preshuffled (16, 16), else 0"),
+            i("qb_stride", "row stride of w_qb in bytes (row-major)"),
+            i("qb_shuffled", "1 if w_qb is AITER-preshuffled (16, 16), else 0"),
             i("page_stride", "kv_cache.stride(0) in bytes"),
             i("block_size", "records per SWA page"),
         )

@@ -42,7 +42,7 @@ from ...spec import Spec
 from .._dsl import WAVE, dsl, f32_bits, f32_from_bits, flat_view, load, load_global, load_scalar, store, store_scalar, wave_sum
 from .._sync import leave, publish, step_tag, wait
 from ..base import Build
-from .layout import (CTAS, EPS, HEAD_DIM, KV_DATA, KV_LORA, KV_SCALE_BLOCK, KV_SCALES, MIXES, MX_BLOCK, NOPE, PARTIALS,
+from .layout import (CTAS, S3_PART_STEPS, S3_TILES, EPS, HEAD_DIM, KV_DATA, KV_LORA, KV_SCALE_BLOCK, KV_SCALES, MIXES, MX_BLOCK, NOPE, PARTIALS,
                      Q_LORA, QKV, ROPE, SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, STREAMS, THREADS, TILE_K, TILE_N,
                      WAVES, WEIGHT_BLOCK, K1Layout)
 from .reference import E4M3_MAX, HC_POST_ALPHA, KV_AMAX_FLOOR, SINKHORN_ROUNDS
@@ -152,6 +152,13 @@ def _load8_f32(f32x4, offset):
     return [lo[e] for e in range_constexpr(4)] + [hi[e] for e in range_constexpr(4)]
 
 
+def _qkv_raw8(f32x4, lay, row, col):
+    """Eight S3 outputs of a row: its two K halves added in a fixed order."""
+    first = _load8_f32(f32x4, lay.qkv_raw + row * QKV + col)
+    second = _load8_f32(f32x4, lay.qkv_raw + (lay.rows + row) * QKV + col)
+    return [first[e] + second[e] for e in range_constexpr(VEC)]
+
+
 def _vec8(values, dtype):
     return fx.Vector.from_elements([v.to(dtype) if dtype is not fx.Float32 else v for v in values], dtype)
 
@@ -164,32 +171,62 @@ def _mfma(a, b, acc, scale_a, scale_b):
     return fx.Vector(out, (4,), fx.Float32)
 
 
-def _operand(view16, byte_offset):
-    """32 bytes at a 16-aligned byte offset as the 8 x i32 of an f8 MFMA operand."""
-    lo = load(view16, byte_offset // 16, fx.Uint8, 16).bitcast(fx.Int32)
-    hi = load(view16, byte_offset // 16 + 1, fx.Uint8, 16).bitcast(fx.Int32)
-    return lo.shuffle(hi, list(range(8)))
+def _operand(view16, lo, hi):
+    """Two 16-byte pieces at 16-aligned byte offsets as the 8 x i32 of an f8 MFMA operand."""
+    first = load(view16, lo // 16, fx.Uint8, 16).bitcast(fx.Int32)
+    second = load(view16, hi // 16, fx.Uint8, 16).bitcast(fx.Int32)
+    return first.shuffle(second, list(range(8)))
 
 
-def _gemv_steps(w16, w_scales, w_stride, w_row, w_scale_row, x16, x_bytes, x_codes, x_scales, k, steps,
-                first_step, lane, row_tiles):
-    """Accumulate `steps` K steps (from first_step) of weight rows w_row.. x tokens, per row tile.
+class _Fp8Weight:
+    """An e4m3 weight [N, K] with E8M0 codes per 128 x 128 block, as vLLM may hold it: row-major
+    with a row stride in bytes (rows padded by VLLM_ROCM_FP8_PADDING), or AITER's (16, 16)
+    preshuffle, [N/16][K/32][2][16 rows][16 bytes] (aiter/ops/shuffle.py, shuffle_weight)."""
 
-    The weight row of this lane is w_row + lane % 16; its scale code is w_scales[w_scale_row +
-    step] (one per 128 x 128 block). Activation codes / scales live in x_bytes at x_codes /
-    x_scales with rows of k bytes / k / 32 codes.
+    def __init__(self, tensor, scales, k: int, stride, shuffled):
+        self.view, self.scales, self.k = flat_view(tensor, 16), scales, k
+        self.stride, self.shuffled = stride, shuffled != 0
+
+    def operand(self, row, k0):
+        """The 32 bytes K = k0 .. k0 + 31 of `row` (k0 a multiple of 32)."""
+        plain = row * self.stride + k0
+        packed = ((row // TILE_N) * (self.k // MX_BLOCK) + k0 // MX_BLOCK) * 512 + (row % TILE_N) * 16
+        lo = self.shuffled.select(packed, plain)
+        return _operand(self.view, lo, lo + self.shuffled.select(256, 16))
+
+    def scale(self, row, step):
+        return load_global(self.scales, (row // WEIGHT_BLOCK) * (self.k // WEIGHT_BLOCK) + step).to(fx.Int32)
+
+
+class _Mxfp8Rows:
+    """MXFP8 activations in the byte scratch: rows of k e4m3 bytes at `codes`, k / 32 codes at `scales`."""
+
+    def __init__(self, u8x16, u8, codes: int, scales: int, k: int):
+        self.u8x16, self.u8, self.codes, self.scales, self.k = u8x16, u8, codes, scales, k
+
+    def operand(self, token, k0):
+        lo = self.codes + token * self.k + k0
+        return _operand(self.u8x16, lo, lo + 16)
+
+    def scale(self, token, k0):
+        return load_scalar(self.u8, self.scales + token * (self.k // MX_BLOCK) + k0 // MX_BLOCK, fx.Uint8).to(fx.Int32)
+
+
+def _gemv_steps(weight, acts, w_row, steps, lane, row_tiles):
+    """Accumulators [row tile] over K steps for weight rows w_row .. w_row + 15 x all tokens.
+
+    `steps` lists (step, keep): keep None, or a predicate under which the step counts (a wave
+    with nothing to do computes a duplicate step and drops it, keeping control flow uniform).
     """
     accs = [fx.Vector.filled(4, 0.0, fx.Float32) for _ in range_constexpr(row_tiles)]
-    for s in range_constexpr(steps):
-        step = first_step + s
-        k0 = step * TILE_K + (lane // 16) * MX_BLOCK
-        a = _operand(w16, (w_row + lane % 16) * w_stride + k0)
-        scale_a = load_global(w_scales, w_scale_row + step).to(fx.Int32)
+    row = w_row + lane % TILE_N
+    for step, keep in steps:
+        k0 = step * TILE_K + (lane // TILE_N) * MX_BLOCK
+        a, scale_a = weight.operand(row, k0), weight.scale(row, step)
         for t in range_constexpr(row_tiles):
-            token = t * TILE_N + lane % 16
-            b = _operand(x16, x_codes + token * k + k0)
-            scale_b = load_scalar(x_bytes, x_scales + token * (k // MX_BLOCK) + k0 // MX_BLOCK, fx.Uint8)
-            accs[t] = _mfma(a, b, accs[t], scale_a, scale_b.to(fx.Int32))
+            token = t * TILE_N + lane % TILE_N
+            acc = _mfma(a, acts.operand(token, k0), accs[t], scale_a, acts.scale(token, k0))
+            accs[t] = acc if keep is None else keep.select(acc, accs[t])
     return accs
 
 
@@ -225,7 +262,6 @@ def _gemv_reduce(accs, lds_acc, tid, wave, lane, waves_per_tile, row_tiles, out,
 
 def make_kernel(lay: K1Layout):
     rows, heads, q_width, row_tiles = lay.rows, lay.heads, lay.q_width, lay.row_tiles
-    s3_steps = H // TILE_K // WAVES  # 7
     s5_steps = Q_LORA // TILE_K // (WAVES // 2)  # 3
 
     @flyc.kernel
@@ -237,7 +273,8 @@ def make_kernel(lay: K1Layout):
                   ROut: fx.Tensor, PostOut: fx.Tensor, CombOut: fx.Tensor, XNorm: fx.Tensor,
                   QrOut: fx.Tensor, QOut: fx.Tensor,
                   Sync: fx.Tensor, WorkF32: fx.Tensor, WorkU8: fx.Tensor,
-                  m: fx.Int32, do_fold: fx.Int32, qkv_stride: fx.Int32, qb_stride: fx.Int32,
+                  m: fx.Int32, do_fold: fx.Int32, qkv_stride: fx.Int32, qkv_shuffled: fx.Int32,
+                  qb_stride: fx.Int32, qb_shuffled: fx.Int32,
                   page_stride: fx.Int32, block_size: fx.Int32):
         tid = fx.thread_idx.x
         lane = tid % WAVE
@@ -254,6 +291,10 @@ def make_kernel(lay: K1Layout):
         u8 = flat_view(WorkU8)
         u8x8 = flat_view(WorkU8, VEC)
         u8x16 = flat_view(WorkU8, 16)
+        w_qkv = _Fp8Weight(WQkv, SQkv, H, qkv_stride, qkv_shuffled)
+        w_qb = _Fp8Weight(WQb, SQb, Q_LORA, qb_stride, qb_shuffled)
+        x_mx = _Mxfp8Rows(u8x16, u8, lay.x_codes, lay.x_scales, H)
+        qr_mx = _Mxfp8Rows(u8x16, u8, lay.qr_codes, lay.qr_scales, Q_LORA)
 
         # ---- S1: fold and mix partials ------------------------------------------------------
         stream = tid // SEAM_CHUNK
@@ -313,11 +354,15 @@ def make_kernel(lay: K1Layout):
         # ---- S3: fused_wqa_wkv -------------------------------------------------------------
         for task in range(cta, lay.s3_tasks, CTAS):
             wait(Sync, lay.f2, m, tag, tid)
-            n0 = task * TILE_N
-            accs = _gemv_steps(flat_view(WQkv, 16), SQkv, qkv_stride, n0,
-                               (n0 // WEIGHT_BLOCK) * (H // WEIGHT_BLOCK), u8x16, u8, lay.x_codes, lay.x_scales,
-                               H, s3_steps, wave * s3_steps, lane, row_tiles)
-            _gemv_reduce(accs, lds_acc, tid, wave, lane, WAVES, row_tiles, f32, lay.qkv_raw, QKV, n0, m)
+            n0 = (task % S3_TILES) * TILE_N
+            part = task // S3_TILES
+            # 28 K steps per part over 8 waves: steps w, w + 8, w + 16, and 24 + w for waves 0-3.
+            first = part * S3_PART_STEPS
+            steps = [(first + wave + WAVES * s, None) for s in range_constexpr(S3_PART_STEPS // WAVES)]
+            steps.append((first + (S3_PART_STEPS // WAVES) * WAVES + wave % 4, wave < 4))
+            accs = _gemv_steps(w_qkv, x_mx, n0, steps, lane, row_tiles)
+            _gemv_reduce(accs, lds_acc, tid, wave, lane, WAVES, row_tiles, f32, lay.qkv_raw + part * rows * QKV,
+                         QKV, n0, m)
             publish(Sync, lay.f3 + task, tag, tid)
 
         # ---- S4: q_norm, kv_norm, RoPE, KV insert ------------------------------------------
@@ -335,9 +380,9 @@ def make_kernel(lay: K1Layout):
             wait(Sync, lay.f4, m, tag, tid)
             n0 = task * 2 * TILE_N
             tile_row = n0 + (wave // (WAVES // 2)) * TILE_N
-            accs = _gemv_steps(flat_view(WQb, 16), SQb, qb_stride, tile_row,
-                               (tile_row // WEIGHT_BLOCK) * (Q_LORA // WEIGHT_BLOCK), u8x16, u8, lay.qr_codes,
-                               lay.qr_scales, Q_LORA, s5_steps, (wave % (WAVES // 2)) * s5_steps, lane, row_tiles)
+            first = (wave % (WAVES // 2)) * s5_steps
+            accs = _gemv_steps(w_qb, qr_mx, tile_row, [(first + s, None) for s in range_constexpr(s5_steps)],
+                               lane, row_tiles)
             _gemv_reduce(accs, lds_acc, tid, wave, lane, WAVES // 2, row_tiles, f32, lay.q_raw, q_width, n0, m)
             publish(Sync, lay.f5 + task, tag, tid)
 
@@ -438,7 +483,7 @@ def _qr_norm_quant(f32x4, QNorm, QrOut, red, u8x8, u8, lay, row, tid, wave, lane
     chunks = Q_LORA // VEC
     valid = tid < chunks
     at = valid.select(tid, 0)
-    raw = _load8_f32(f32x4, lay.qkv_raw + row * QKV + at * VEC)
+    raw = _qkv_raw8(f32x4, lay, row, at * VEC)
     v = [valid.select(_bf16(raw[e]), 0.0) for e in range_constexpr(VEC)]
     sq = fx.Float32(0.0)
     for e in range_constexpr(VEC):
@@ -454,7 +499,7 @@ def _qr_norm_quant(f32x4, QNorm, QrOut, red, u8x8, u8, lay, row, tid, wave, lane
 @dsl
 def _kv_insert(f32x4, KvNorm, Rope, Positions, SlotMapping, KvCache, lay, row, lane, page_stride, block_size):
     """One wave: kv = kv_norm(bf16(raw)); RoPE on lanes 56..63; the 584-byte record at the slot."""
-    raw = _load8_f32(f32x4, lay.qkv_raw + row * QKV + Q_LORA + lane * VEC)
+    raw = _qkv_raw8(f32x4, lay, row, Q_LORA + lane * VEC)
     v = [_bf16(raw[e]) for e in range_constexpr(VEC)]
     sq = fx.Float32(0.0)
     for e in range_constexpr(VEC):
@@ -515,12 +560,14 @@ def build(spec: Spec) -> Build:
                   ROut: fx.Tensor, PostOut: fx.Tensor, CombOut: fx.Tensor, XNorm: fx.Tensor,
                   QrOut: fx.Tensor, QOut: fx.Tensor,
                   Sync: fx.Tensor, WorkF32: fx.Tensor, WorkU8: fx.Tensor,
-                  m: fx.Int32, do_fold: fx.Int32, qkv_stride: fx.Int32, qb_stride: fx.Int32,
+                  m: fx.Int32, do_fold: fx.Int32, qkv_stride: fx.Int32, qkv_shuffled: fx.Int32,
+                  qb_stride: fx.Int32, qb_shuffled: fx.Int32,
                   page_stride: fx.Int32, block_size: fx.Int32,
                   stream: fx.Stream = fx.Stream(None)):
         kernel(X, Residual, PostMix, ResMix, HcFn, HcBase, HcScale, AttnNorm, WQkv, SQkv, QNorm, KvNorm,
                WQb, SQb, Rope, Positions, SlotMapping, KvCache, ROut, PostOut, CombOut, XNorm, QrOut, QOut,
-               Sync, WorkF32, WorkU8, m, do_fold, qkv_stride, qb_stride, page_stride, block_size).launch(
+               Sync, WorkF32, WorkU8, m, do_fold, qkv_stride, qkv_shuffled, qb_stride, qb_shuffled, page_stride,
+               block_size).launch(
             grid=(CTAS, 1, 1), block=(THREADS, 1, 1), stream=stream)
 
     return Build(launch_k1, placeholders(lay))
@@ -545,5 +592,5 @@ def placeholders(lay: K1Layout) -> tuple:
         empty(rows * STREAMS * H, bf16), empty(rows * STREAMS, f32), empty(rows * 16, f32), empty(rows * H, bf16),
         empty(rows * Q_LORA, bf16), empty(rows * lay.q_width, bf16),
         empty(lay.sync_words, torch.int32), empty(lay.f32_words, f32), empty(lay.bytes, u8),
-        rows, 1, H, Q_LORA, block * 584, block,
+        rows, 1, H, 0, Q_LORA, 0, block * 584, block,
     )

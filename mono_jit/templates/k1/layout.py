@@ -12,8 +12,9 @@ of the stages before it, so with all 256 CTAs resident nothing can deadlock):
                           read once per group, not once per row.
   S2 seam                 task = row: sum the 56 partials, gate (sigmoid, softmax + Sinkhorn),
                           collapse, attn_norm, MXFP8 quantisation of the normed row.
-  S3 fused_wqa_wkv GEMV   task = one 16-row N tile of the 2048 outputs: 128 tasks, the 8 waves
-                          split K (56 steps of 128) and reduce through LDS.
+  S3 fused_wqa_wkv GEMV   task = (one 16-row N tile of the 2048 outputs, K half): 256 tasks, so
+                          every CU streams 1/256 of the 14.7 MB weight; the 8 waves split the
+                          half's 28 K steps and reduce through LDS; S4 adds the two halves.
   S4 norms + KV insert    task = row: q_norm (+ MXFP8 of qr for S5), kv_norm, RoPE, UE8M0 record.
   S5 wq_b GEMV            task = two 16-row N tiles (4 waves each, K = 12 steps split 3 ways);
                           at TP8 that is 8192 / 32 = 256 tasks, one per CTA.
@@ -53,6 +54,9 @@ KV_SCALES = 8
 WEIGHT_BLOCK = 128  # checkpoint block scales: 128 x 128
 TILE_N = 16  # MFMA 16x16x128: 16 weight rows x 16 tokens per instruction
 TILE_K = 128
+S3_TILES = QKV // TILE_N  # 128
+S3_PARTS = 2
+S3_PART_STEPS = model.HIDDEN // TILE_K // S3_PARTS  # 28
 HEADS_PER_TASK = WAVES  # S6: one wave per head
 EPS = 1e-6
 
@@ -93,7 +97,7 @@ class K1Layout:
 
     @property
     def s3_tasks(self) -> int:
-        return QKV // TILE_N  # 128
+        return S3_TILES * S3_PARTS
 
     @property
     def s5_tasks(self) -> int:
@@ -147,13 +151,13 @@ class K1Layout:
 
     @property
     def qkv_raw(self) -> int:
-        """[rows, 2048] S3 output before its bf16 rounding."""
+        """[2 K halves, rows, 2048] S3 output before its bf16 rounding."""
         return self.partials + self.rows * SEAM_CHUNKS * PARTIALS
 
     @property
     def q_raw(self) -> int:
         """[rows, q_width] S5 output."""
-        return self.qkv_raw + self.rows * QKV
+        return self.qkv_raw + S3_PARTS * self.rows * QKV
 
     @property
     def f32_words(self) -> int:

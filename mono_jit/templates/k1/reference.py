@@ -67,13 +67,36 @@ def mxfp8_dequantize(codes: torch.Tensor, scales: torch.Tensor, block: int = MX_
     return (values * e8m0_value(scales).unsqueeze(-1)).flatten(-2)
 
 
+def e8m0_from_scale(scale: torch.Tensor) -> torch.Tensor:
+    """E8M0 codes of f32 block scales that are powers of two (ue8m0 checkpoints); exact."""
+    scale = scale.to(torch.float32)
+    bits = scale.view(torch.int32)
+    if not bool(((bits & 0x807FFFFF) == 0).all()) or not bool((scale > 0).all()):
+        raise ValueError("block scales must be positive powers of two (ue8m0) to be E8M0 codes")
+    return (bits >> 23).to(torch.uint8)
+
+
+def preshuffle_16x16(weight: torch.Tensor) -> torch.Tensor:
+    """AITER's (16, 16) layout of a byte matrix [N, K]: [N/16][K/32][2][16 rows][16 bytes]."""
+    n, k = weight.shape
+    return weight.view(n // 16, 16, k // 32, 2, 16).permute(0, 2, 3, 1, 4).contiguous().view(n, k)
+
+
+def unshuffle_16x16(weight: torch.Tensor) -> torch.Tensor:
+    n, k = weight.shape
+    return weight.view(n // 16, k // 32, 2, 16, 16).permute(0, 3, 1, 2, 4).contiguous().view(n, k)
+
+
 def fp8_gemv(x_codes: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tensor,
-             weight_scales: torch.Tensor, k: int) -> torch.Tensor:
+             weight_scales: torch.Tensor, k: int, shuffled: bool = False) -> torch.Tensor:
     """f32 [M, N] = MXFP8 x [M, K] times the block-scaled e4m3 weight [N, row stride >= K]^T.
 
-    weight_scales [N / 128, K / 128] are E8M0 codes of the checkpoint's 128 x 128 blocks.
+    weight_scales [N / 128, K / 128] are E8M0 codes of the checkpoint's 128 x 128 blocks;
+    `shuffled` says the weight is preshuffle_16x16 of [N, K].
     """
     n = weight.shape[0]
+    if shuffled:
+        weight = unshuffle_16x16(weight)
     w = e4m3_value(weight[:, :k]).view(n // WEIGHT_BLOCK, WEIGHT_BLOCK, k // WEIGHT_BLOCK, WEIGHT_BLOCK)
     w = (w * e8m0_value(weight_scales)[:, None, :, None]).reshape(n, k)
     x = mxfp8_dequantize(x_codes, x_scales)
@@ -213,13 +236,15 @@ class K1Weights:
     hc_base: torch.Tensor  # [24] f32
     hc_scale: torch.Tensor  # [3] f32
     attn_norm: torch.Tensor  # [H] bf16
-    w_qkv: torch.Tensor  # [2048, stride >= H] e4m3 bytes (fused_wqa_wkv)
+    w_qkv: torch.Tensor  # [2048, stride >= H] e4m3 bytes (fused_wqa_wkv), or preshuffled [2048, H]
     s_qkv: torch.Tensor  # [16, 56] E8M0
     q_norm: torch.Tensor  # [1536] bf16
     kv_norm: torch.Tensor  # [512] bf16
     w_qb: torch.Tensor  # [heads x 512, stride >= 1536] e4m3 bytes (wq_b)
     s_qb: torch.Tensor  # [heads x 4, 12] E8M0
     rope: torch.Tensor  # [P, 64] f32 cos | sin
+    qkv_shuffled: bool = False
+    qb_shuffled: bool = False
 
 
 @dataclass
@@ -241,7 +266,7 @@ def k1(x: torch.Tensor, residual: torch.Tensor, post_mix: torch.Tensor, res_mix:
     gate = seam_gate(r, w.hc_fn, w.hc_base, w.hc_scale)
     x_norm = rms_norm(collapse(r, gate.pre), w.attn_norm)
     x_codes, x_scales = mxfp8_quantize(x_norm)
-    qkv = fp8_gemv(x_codes, x_scales, w.w_qkv, w.s_qkv, model.HIDDEN).to(torch.bfloat16)
+    qkv = fp8_gemv(x_codes, x_scales, w.w_qkv, w.s_qkv, model.HIDDEN, w.qkv_shuffled).to(torch.bfloat16)
     qr = rms_norm(qkv[:, :Q_LORA], w.q_norm)
     kv = rms_norm(qkv[:, Q_LORA:Q_LORA + KV_LORA], w.kv_norm)
     cos, sin = rope_angles(w.rope, positions)
@@ -249,7 +274,7 @@ def k1(x: torch.Tensor, residual: torch.Tensor, post_mix: torch.Tensor, res_mix:
     kv = kv.to(torch.bfloat16).to(torch.float32)
     qr_codes, qr_scales = mxfp8_quantize(qr)
     heads = w.w_qb.shape[0] // HEAD_DIM
-    q_lin = fp8_gemv(qr_codes, qr_scales, w.w_qb, w.s_qb, Q_LORA).to(torch.bfloat16)
+    q_lin = fp8_gemv(qr_codes, qr_scales, w.w_qb, w.s_qb, Q_LORA, w.qb_shuffled).to(torch.bfloat16)
     q = q_lin.view(-1, heads, HEAD_DIM).to(torch.float32)
     q = q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + EPS)
     q[..., NOPE:] = rope_gptj(q[..., NOPE:], cos.unsqueeze(1), sin.unsqueeze(1))
