@@ -130,6 +130,7 @@ def _block_sum(value, red, slot, wave, lane):
     total = fx.memref_load(red, slot * WAVES)
     for w in range_constexpr(1, WAVES):
         total = total + fx.memref_load(red, slot * WAVES + w)
+    gpu.barrier()  # red[slot] is free again
     return total
 
 
@@ -243,17 +244,18 @@ def _gemv_reduce(accs, lds_acc, tid, wave, lane, waves_per_tile, row_tiles, out,
     gpu.barrier()
     tiles = WAVES // waves_per_tile
     per_tile = row_tiles * WAVE * 4
-    if tid < tiles * per_tile:
-        tile = tid // per_tile
-        t = (tid % per_tile) // (WAVE * 4)
-        src_lane = (tid % (WAVE * 4)) // 4
-        e = tid % 4
+    for rep in range_constexpr((tiles * per_tile + THREADS - 1) // THREADS):
+        index = tid + rep * THREADS
+        tile = fx.min(index // per_tile, tiles - 1)  # spare threads read a real slot, store nothing
+        t = (index % per_tile) // (WAVE * 4)
+        src_lane = (index % (WAVE * 4)) // 4
+        e = index % 4
         total = fx.Float32(0.0)
         for w in range_constexpr(waves_per_tile):
             src_wave = tile * waves_per_tile + w
             total = total + fx.memref_load(lds_acc, ((src_wave * row_tiles + t) * WAVE + src_lane) * 4 + e)
         token = t * TILE_N + src_lane % 16
-        if token < m:
+        if (index < tiles * per_tile) & (token < m):
             n = n0 + tile * TILE_N + (src_lane // 16) * 4 + e
             store_scalar(out, out_base + token * out_width + n, total, fx.Float32)
 
@@ -316,6 +318,7 @@ def make_kernel(lay: K1Layout):
                     r_i = load_scalar(res_view, (row * STREAMS + i) * H + col, fx.BFloat16).to(fx.Float32)
                     folded = folded + load_global(ResMix, row * 16 + i * STREAMS + stream) * r_i
                 value = _bf16((do_fold != 0).select(folded, own))
+                gpu.barrier()  # every stream of this row is read before any is written: r_out may alias residual
                 store_scalar(flat_view(ROut), (row * STREAMS + stream) * H + col, value.to(fx.BFloat16),
                              fx.BFloat16)
                 parts = [value * fn[k] for k in range_constexpr(MIXES)] + [value * value]
