@@ -76,3 +76,15 @@ def test_k1_key_reads_only_tp_and_max_tokens():
     assert k1.key_spec(Spec(8, 4, 1024, 8)) != k1.key_spec(Spec(4, 4, 1024, 8))
     assert [a.name for a in k1.arguments(Spec(4, 4, 1024, 8)) if a.name == "q_out"]
     assert "[M, 32, 512]" in next(a.doc for a in k1.arguments(Spec(4, 4, 1024, 8)) if a.name == "q_out")
+
+
+def test_k1_builds_for_another_tp_and_an_odd_bucket(tmp_path):
+    """TP16 (8 local heads, 128 wq_b tasks) at 3 rows: the task tables are not tied to TP8 or 2^n."""
+    settings = settings_at(tmp_path / "cache")
+    summary, _ = prebuild([get("k1")], [Spec(16, 128, 1024, 3)], settings, jobs=1, timeout=900)
+    assert not summary.failed, summary.failed
+    (entry,) = list(Store(settings).entries())
+    (kernel,) = read_metadata(entry.hsaco)[1]
+    assert kernel.scratch == 0 and kernel.vgpr_spills == 0 and kernel.sgpr_spills == 0
+    assert "[M, 8, 512]" in next(a["doc"] for a in entry.meta["arguments"] if a["name"] == "q_out")
+    assert K1Layout(16, 3).s5_tasks == 128

@@ -51,7 +51,7 @@ H = model.HIDDEN
 VEC = 8  # values per lane in the row-wise stages (one 16-byte bf16 load)
 ROW_CHUNKS = H // VEC  # 896
 LOG2E = 1.4426950408889634
-MAX_ROW_TILES = 4  # 64 rows
+MAX_ROW_TILES = model.MAX_DECODE_TOKENS // TILE_N  # the LDS for split-K sums is sized for 64 rows
 RED_SLOTS = 32
 
 

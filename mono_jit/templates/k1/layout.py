@@ -187,8 +187,3 @@ class K1Layout:
     @property
     def bytes(self) -> int:
         return self.qr_scales + self.rows * (Q_LORA // MX_BLOCK)
-
-    def as_dict(self) -> dict[str, int]:
-        names = ("heads", "q_width", "s1_tasks", "s3_tasks", "s5_tasks", "s6_tasks",
-                 "sync_words", "f32_words", "bytes")
-        return {"tp": self.tp, "rows": self.rows, **{n: getattr(self, n) for n in names}}
