@@ -39,12 +39,13 @@ from flydsl.expr import gpu, range_constexpr
 
 from ... import model
 from ...spec import Spec
-from .._dsl import WAVE, dsl, f32_bits, f32_from_bits, flat_view, load, load_global, load_scalar, store, store_scalar, wave_sum
+from .._dsl import (WAVE, dsl, f32_bits, f32_from_bits, flat_view, load, load_global, load_scalar, store,
+                    store_scalar, wave_sum)
 from .._sync import leave, publish, step_tag, wait
 from ..base import Build
-from .layout import (CTAS, S3_PART_STEPS, S3_TILES, EPS, HEAD_DIM, KV_DATA, KV_LORA, KV_SCALE_BLOCK, KV_SCALES, MIXES, MX_BLOCK, NOPE, PARTIALS,
-                     Q_LORA, QKV, ROPE, SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, STREAMS, THREADS, TILE_K, TILE_N,
-                     WAVES, WEIGHT_BLOCK, K1Layout)
+from .layout import (CTAS, EPS, HEAD_DIM, KV_DATA, KV_LORA, KV_SCALE_BLOCK, KV_SCALES, MIXES, MX_BLOCK, NOPE,
+                     PARTIALS, Q_LORA, QKV, ROPE, S3_PART_STEPS, S3_TILES, SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP,
+                     STREAMS, THREADS, TILE_K, TILE_N, WAVES, WEIGHT_BLOCK, K1Layout)
 from .reference import E4M3_MAX, HC_POST_ALPHA, KV_AMAX_FLOOR, SINKHORN_ROUNDS
 
 H = model.HIDDEN
