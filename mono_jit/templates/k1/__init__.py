@@ -46,7 +46,8 @@ from .layout import CTAS, THREADS, K1Layout
 class K1Template(Template):
     name = "k1"
     spec_fields = ("tp", "max_tokens")
-    source_files = ("_sync.py", "k1/__init__.py", "k1/layout.py", "k1/reference.py", "k1/kernel.py")
+    source_files = ("_sync.py", "k1/__init__.py", "k1/layout.py", "k1/addressing.py", "k1/reference.py",
+                    "k1/kernel.py")
     kernel_module = ".k1.kernel"
     persistent = True
     budget = Budget(scratch_bytes=0, spills=0)

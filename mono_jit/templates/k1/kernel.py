@@ -12,22 +12,25 @@ Why this decomposition:
   normalisations), then the CTA collapses and norms the row holding 8 contiguous columns per
   thread, which is also the MXFP8 layout: four neighbouring lanes form one 32-block.
 - The GEMVs use the scaled MFMA v_mfma_scale_f32_16x16x128_f8f6f4 with the weight as operand A
-  (16 output rows) and the MXFP8 activations as operand B (16 tokens): lane l carries row
-  l % 16 and the 32 K values 32 (l / 16) .. + 31 of a 128-wide K step, and the E8M0 scale of
-  exactly that 32-block (for the weight, the code of its 128 x 128 block, the same in every lane
-  of a step). A task's waves split K and add their accumulators through LDS in a fixed order.
-- S3 has 128 tasks (2048 / 16): half the CTAs idle while the 14.7 MB weight streams; finer
-  split-K would need a cross-CTA reduction. S5 has exactly 256 tasks at TP8.
+  (16 output rows) and the MXFP8 activations as operand B (16 tokens); each lane's E8M0 scale
+  covers exactly its 32 K values (for the weight, the code of its 128 x 128 block, the same in
+  every lane of a step). The lane maps, task decoding, split-K slots and the preshuffle and
+  KV-record offsets live in addressing.py, whose functions the CPU tests run to emulate S3 and
+  S5 MFMA by MFMA against the reference. A task's waves add their accumulators through LDS in
+  a fixed order.
+- S3 splits K in two halves so its 256 tasks give every CU 1/256 of the 14.7 MB weight; S4 adds
+  the halves (fixed order, no atomics). S5 has exactly 256 tasks at TP8.
 - Rows past the runtime m: their tasks still publish their flags (so consumers' counts are
   fixed by the bucket), but nothing is stored for them. Tokens past m in the MFMA's B operand
   only reach output columns that are never stored.
 
 Not run on hardware: there is no AMD GPU here. What CI checks is that every bucket compiles for
 gfx950, its resources fit the persistent grid, the ISA holds the scaled MFMAs and the agent-
-scope sync instructions, and that the torch reference is right. The operand layout of the
-scaled MFMA (which lane holds which K values and scale) and the fp8 conversion's rounding are
-taken from the CDNA4 ISA guide and FlyDSL's MXFP4 kernels and are unverified until
-tests/test_gpu.py runs on an MI355X.
+scope sync instructions, that the torch reference is right, and (by CPU emulation) that the
+address arithmetic computes the reference GEMVs under the MFMA lane layout FlyDSL's own CDNA4
+atom declares. That layout, the scale operand's per-lane semantics, the fp8 conversion's
+rounding and the cross-CTA ordering on real hardware are unverified until tests/test_gpu.py
+runs on an MI355X.
 """
 
 
@@ -43,9 +46,10 @@ from .._dsl import (WAVE, dsl, f32_bits, f32_from_bits, flat_view, load, load_gl
                     store_scalar, wave_sum)
 from .._sync import leave, publish, step_tag, wait
 from ..base import Build
-from .layout import (CTAS, EPS, HEAD_DIM, KV_DATA, KV_LORA, KV_SCALE_BLOCK, KV_SCALES, MIXES, MX_BLOCK, NOPE,
-                     PARTIALS, Q_LORA, QKV, ROPE, S3_PART_STEPS, S3_TILES, SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP,
-                     STREAMS, THREADS, TILE_K, TILE_N, WAVES, WEIGHT_BLOCK, K1Layout)
+from . import addressing as ad
+from .layout import (CTAS, EPS, HEAD_DIM, KV_LORA, KV_SCALE_BLOCK, MIXES, MX_BLOCK, NOPE, PARTIALS, Q_LORA, QKV,
+                     ROPE, SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, STREAMS, THREADS, TILE_N, WAVES, WEIGHT_BLOCK,
+                     K1Layout)
 from .reference import E4M3_MAX, HC_POST_ALPHA, KV_AMAX_FLOOR, SINKHORN_ROUNDS
 
 H = model.HIDDEN
@@ -191,13 +195,12 @@ class _Fp8Weight:
 
     def operand(self, row, k0):
         """The 32 bytes K = k0 .. k0 + 31 of `row` (k0 a multiple of 32)."""
-        plain = row * self.stride + k0
-        packed = ((row // TILE_N) * (self.k // MX_BLOCK) + k0 // MX_BLOCK) * 512 + (row % TILE_N) * 16
-        lo = self.shuffled.select(packed, plain)
-        return _operand(self.view, lo, lo + self.shuffled.select(256, 16))
+        lo = self.shuffled.select(ad.preshuffled_offset(row, k0, self.k), row * self.stride + k0)
+        hi = self.shuffled.select(ad.preshuffled_offset(row, k0 + 16, self.k), lo + 16)
+        return _operand(self.view, lo, hi)
 
     def scale(self, row, step):
-        return load_global(self.scales, (row // WEIGHT_BLOCK) * (self.k // WEIGHT_BLOCK) + step).to(fx.Int32)
+        return load_global(self.scales, ad.block_scale_index(row, step, self.k)).to(fx.Int32)
 
 
 class _Mxfp8Rows:
@@ -221,12 +224,12 @@ def _gemv_steps(weight, acts, w_row, steps, lane, row_tiles):
     with nothing to do computes a duplicate step and drops it, keeping control flow uniform).
     """
     accs = [fx.Vector.filled(4, 0.0, fx.Float32) for _ in range_constexpr(row_tiles)]
-    row = w_row + lane % TILE_N
+    row = w_row + ad.operand_lane(lane)[0]
     for step, keep in steps:
-        k0 = step * TILE_K + (lane // TILE_N) * MX_BLOCK
+        k0 = ad.step_k(step, lane)
         a, scale_a = weight.operand(row, k0), weight.scale(row, step)
         for t in range_constexpr(row_tiles):
-            token = t * TILE_N + lane % TILE_N
+            token = t * TILE_N + ad.operand_lane(lane)[0]
             acc = _mfma(a, acts.operand(token, k0), accs[t], scale_a, acts.scale(token, k0))
             accs[t] = acc if keep is None else keep.select(acc, accs[t])
     return accs
@@ -241,31 +244,26 @@ def _gemv_reduce(accs, lds_acc, tid, wave, lane, waves_per_tile, row_tiles, out,
     """
     for t in range_constexpr(row_tiles):
         for e in range_constexpr(4):
-            fx.memref_store(accs[t][e], lds_acc, ((wave * row_tiles + t) * WAVE + lane) * 4 + e)
+            fx.memref_store(accs[t][e], lds_acc, ad.lds_acc_slot(wave, t, lane, e, row_tiles))
     gpu.barrier()
     tiles = WAVES // waves_per_tile
-    per_tile = row_tiles * WAVE * 4
-    for rep in range_constexpr((tiles * per_tile + THREADS - 1) // THREADS):
-        index = tid + rep * THREADS
-        tile = fx.min(index // per_tile, tiles - 1)  # spare threads read a real slot, store nothing
-        t = (index % per_tile) // (WAVE * 4)
-        src_lane = (index % (WAVE * 4)) // 4
-        e = index % 4
+    for rep in range_constexpr((tiles * row_tiles * WAVE * 4 + THREADS - 1) // THREADS):
+        tile, t, src_lane, e, real = ad.split_k_sum(tid + rep * THREADS, waves_per_tile, row_tiles)
+        tile = fx.min(tile, tiles - 1)  # spare slots read a real accumulator and store nothing
         total = fx.Float32(0.0)
         for w in range_constexpr(waves_per_tile):
-            src_wave = tile * waves_per_tile + w
-            total = total + fx.memref_load(lds_acc, ((src_wave * row_tiles + t) * WAVE + src_lane) * 4 + e)
-        token = t * TILE_N + src_lane % 16
-        if (index < tiles * per_tile) & (token < m):
-            n = n0 + tile * TILE_N + (src_lane // 16) * 4 + e
-            store_scalar(out, out_base + token * out_width + n, total, fx.Float32)
+            total = total + fx.memref_load(lds_acc, ad.lds_acc_slot(tile * waves_per_tile + w, t, src_lane, e,
+                                                                     row_tiles))
+        row, column = ad.result_lane(src_lane, e)
+        token = t * TILE_N + column
+        if real & (token < m):
+            store_scalar(out, out_base + token * out_width + n0 + tile * TILE_N + row, total, fx.Float32)
 
 
 # -- the kernel ------------------------------------------------------------------------------
 
 def make_kernel(lay: K1Layout):
     rows, heads, q_width, row_tiles = lay.rows, lay.heads, lay.q_width, lay.row_tiles
-    s5_steps = Q_LORA // TILE_K // (WAVES // 2)  # 3
 
     @flyc.kernel
     def k1_kernel(X: fx.Tensor, Residual: fx.Tensor, PostMix: fx.Tensor, ResMix: fx.Tensor,
@@ -302,8 +300,7 @@ def make_kernel(lay: K1Layout):
         # ---- S1: fold and mix partials ------------------------------------------------------
         stream = tid // SEAM_CHUNK
         for task in range(cta, lay.s1_tasks, CTAS):
-            group = task // SEAM_CHUNKS
-            chunk = task % SEAM_CHUNKS
+            group, chunk = ad.s1_task(task)
             col = chunk * SEAM_CHUNK + tid % SEAM_CHUNK
             fn_view = flat_view(HcFn)
             fn = [load_scalar(fn_view, k * STREAMS * H + stream * H + col, fx.Float32)
@@ -358,13 +355,8 @@ def make_kernel(lay: K1Layout):
         # ---- S3: fused_wqa_wkv -------------------------------------------------------------
         for task in range(cta, lay.s3_tasks, CTAS):
             wait(Sync, lay.f2, m, tag, tid)
-            n0 = (task % S3_TILES) * TILE_N
-            part = task // S3_TILES
-            # 28 K steps per part over 8 waves: steps w, w + 8, w + 16, and 24 + w for waves 0-3.
-            first = part * S3_PART_STEPS
-            steps = [(first + wave + WAVES * s, None) for s in range_constexpr(S3_PART_STEPS // WAVES)]
-            steps.append((first + (S3_PART_STEPS // WAVES) * WAVES + wave % 4, wave < 4))
-            accs = _gemv_steps(w_qkv, x_mx, n0, steps, lane, row_tiles)
+            n0, part = ad.s3_task(task)
+            accs = _gemv_steps(w_qkv, x_mx, n0, ad.s3_steps(part, wave), lane, row_tiles)
             _gemv_reduce(accs, lds_acc, tid, wave, lane, WAVES, row_tiles, f32, lay.qkv_raw + part * rows * QKV,
                          QKV, n0, m)
             publish(Sync, lay.f3 + task, tag, tid)
@@ -382,12 +374,11 @@ def make_kernel(lay: K1Layout):
         # ---- S5: wq_b ----------------------------------------------------------------------
         for task in range(cta, lay.s5_tasks, CTAS):
             wait(Sync, lay.f4, m, tag, tid)
-            n0 = task * 2 * TILE_N
-            tile_row = n0 + (wave // (WAVES // 2)) * TILE_N
-            first = (wave % (WAVES // 2)) * s5_steps
-            accs = _gemv_steps(w_qb, qr_mx, tile_row, [(first + s, None) for s in range_constexpr(s5_steps)],
+            tile_row, first = ad.s5_tile(task, wave)
+            accs = _gemv_steps(w_qb, qr_mx, tile_row, [(first + s, None) for s in range_constexpr(ad.S5_STEPS)],
                                lane, row_tiles)
-            _gemv_reduce(accs, lds_acc, tid, wave, lane, WAVES // 2, row_tiles, f32, lay.q_raw, q_width, n0, m)
+            _gemv_reduce(accs, lds_acc, tid, wave, lane, ad.S5_WAVES_PER_TILE, row_tiles, f32, lay.q_raw, q_width,
+                         task * 2 * TILE_N, m)
             publish(Sync, lay.f5 + task, tag, tid)
 
         # ---- S6: per-head RMS and RoPE of q --------------------------------------------------
@@ -521,14 +512,12 @@ def _kv_insert(f32x4, KvNorm, Rope, Positions, SlotMapping, KvCache, lay, row, l
     slot = load_global(SlotMapping, row)
     if slot >= 0:
         block = block_size.to(fx.Int64)
-        page_base = (slot // block) * page_stride.to(fx.Int64)
-        record = page_base + (slot % block) * KV_DATA
+        record, scales = ad.kv_offsets(slot, block, page_stride.to(fx.Int64))
         cache = fx.get_iter(KvCache)
         if lane < nope_lanes:
             fx.generic_store(cache + (record + lane * VEC), _fp8x8(y, _e8m0_inverse(code)))
             if lane % per_block == 0:
-                scales = page_base + block * KV_DATA + (slot % block) * KV_SCALES + lane // per_block
-                fx.generic_store(cache + scales, code.to(fx.Uint8))
+                fx.generic_store(cache + (scales + lane // per_block), code.to(fx.Uint8))
         else:
             rope_bytes = _vec8(y, fx.BFloat16).bitcast(fx.Uint8)
             fx.generic_store(cache + (record + NOPE + (lane - nope_lanes) * 2 * VEC), rope_bytes)
