@@ -65,6 +65,7 @@ def test_k1_isa_has_the_instructions_the_design_relies_on(k1_builds, rows):
     assert counts["v_mfma_scale_f32_16x16x128_f8f6f4"] == K_STEPS * row_tiles
     assert counts["buffer_wbl2"] >= 5 and counts["buffer_inv"] >= 5  # release per publish, acquire per wait
     assert counts["global_atomic_add"] >= 1  # the exit counter
+    assert counts["s_sleep"] >= 5  # one back-off per wait loop
     assert counts["v_cvt_pk_fp8_f32"] >= 12  # MXFP8 of x and qr, the KV record
     assert not [m for m in counts if m.startswith("scratch_")]
     assert "sc1" in next(line for line in listing.splitlines() if "buffer_wbl2" in line)  # agent scope

@@ -98,10 +98,11 @@ def f32_from_bits(bits):
     return fx.Vector.filled(1, bits, fx.Int32).bitcast(fx.Float32)[0]
 
 
-def load_global(tensor, index):
-    """One element of a tensor argument through a plain global pointer (no buffer resource).
+def load_global(tensor, index, count: int = 1):
+    """`count` elements of a tensor argument from element `index`, through a plain global
+    pointer (no buffer resource, no bounds check).
 
     For small, rarely read arguments: a pointer holds 2 SGPRs where a buffer resource holds 4,
     which keeps kernels with many arguments clear of SGPR spills.
     """
-    return fx.generic_load(fx.get_iter(tensor) + index)
+    return fx.generic_load(fx.get_iter(tensor) + index, count=None if count == 1 else count)

@@ -277,6 +277,7 @@ def make_kernel(lay: K1Layout):
                   m: fx.Int32, do_fold: fx.Int32, qkv_stride: fx.Int32, qkv_shuffled: fx.Int32,
                   qb_stride: fx.Int32, qb_shuffled: fx.Int32,
                   page_stride: fx.Int32, block_size: fx.Int32):
+        m = fx.min(fx.max(m, 0), rows)  # a bad m must not write past the bucket or wait on other flags
         tid = fx.thread_idx.x
         lane = tid % WAVE
         wave = tid // WAVE
@@ -448,7 +449,7 @@ def _mx_store(values, u8x8, u8, codes_at, scales_at, chunk, valid):
 @dsl
 def _collapse_norm_quant(ROut, AttnNorm, XNorm, pre, red, u8x8, u8, lay, row, tid, wave, lane):
     """x_norm = RMSNorm(bf16(sum_i pre_i R_i)) with attn_norm; its MXFP8 into the byte scratch."""
-    r8, w8, out8 = flat_view(ROut, VEC), flat_view(AttnNorm, VEC), flat_view(XNorm, VEC)
+    r8, out8 = flat_view(ROut, VEC), flat_view(XNorm, VEC)
     passes = []
     sq = fx.Float32(0.0)
     for p in range_constexpr(2):
@@ -465,7 +466,7 @@ def _collapse_norm_quant(ROut, AttnNorm, XNorm, pre, red, u8x8, u8, lay, row, ti
         passes.append((chunk, valid, at, mixed))
     inv = _rsqrt(_block_sum(sq, red, 0, wave, lane) / float(H) + EPS)
     for chunk, valid, at, mixed in passes:
-        w = load(w8, at, fx.BFloat16, VEC).to(fx.Float32)
+        w = load_global(AttnNorm, at * VEC, VEC).to(fx.Float32)
         y = [_bf16(mixed[e] * inv * w[e]) for e in range_constexpr(VEC)]
         if valid:
             store(out8, row * ROW_CHUNKS + at, _vec8(y, fx.BFloat16), fx.BFloat16, VEC)
@@ -484,7 +485,7 @@ def _qr_norm_quant(f32x4, QNorm, QrOut, red, u8x8, u8, lay, row, tid, wave, lane
     for e in range_constexpr(VEC):
         sq = sq + v[e] * v[e]
     inv = _rsqrt(_block_sum(sq, red, 1, wave, lane) / float(Q_LORA) + EPS)
-    w = load(flat_view(QNorm, VEC), at, fx.BFloat16, VEC).to(fx.Float32)
+    w = load_global(QNorm, at * VEC, VEC).to(fx.Float32)
     y = [_bf16(v[e] * inv * w[e]) for e in range_constexpr(VEC)]
     if valid:
         store(flat_view(QrOut, VEC), row * chunks + at, _vec8(y, fx.BFloat16), fx.BFloat16, VEC)
@@ -500,7 +501,7 @@ def _kv_insert(f32x4, KvNorm, Rope, Positions, SlotMapping, KvCache, lay, row, l
     for e in range_constexpr(VEC):
         sq = sq + v[e] * v[e]
     inv = _rsqrt(wave_sum(sq) / float(KV_LORA) + EPS)
-    w = load(flat_view(KvNorm, VEC), lane, fx.BFloat16, VEC).to(fx.Float32)
+    w = load_global(KvNorm, lane * VEC, VEC).to(fx.Float32)
     y = [_bf16(v[e] * inv * w[e]) for e in range_constexpr(VEC)]
     nope_lanes = NOPE // VEC  # 56
     position = load_global(Positions, row).to(fx.Int32)
