@@ -1,0 +1,115 @@
+"""K1's buffers for one bucket, one step's inputs, a launch and the comparison with the
+reference. tests/test_gpu.py drives it with the compiled kernel on an MI355X; the CPU tests
+drive it with a launcher that implements the contract through the reference, so the harness
+(argument order, buffer views, tolerances, cache checks) is itself tested here."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from k1_inputs import random_activations
+
+from mono_jit.templates.k1 import reference as ref
+from mono_jit.templates.k1.layout import K1Layout
+
+H = 7168
+BLOCK, PAGES = 64, 4
+PAGE_STRIDE = 37440  # 64 x 584 rounded up to the 576-byte stride, as vLLM allocates
+SENTINEL = -3.0
+
+
+@dataclass
+class Step:
+    m: int
+    do_fold: int
+    x: torch.Tensor
+    residual: torch.Tensor
+    post_mix: torch.Tensor
+    res_mix: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+
+
+class K1Run:
+    """Device buffers of one K1 bucket (TP8) and the launcher that runs a step on them."""
+
+    def __init__(self, bucket: int, w: ref.K1Weights, *, row_pad: int, shuffled: bool, device: str,
+                 launcher: Callable):
+        if shuffled:  # what vLLM's ROCm attention may do to fused_wqa_wkv (prepare_attn_preshuffle)
+            w = dataclasses.replace(w, w_qkv=ref.preshuffle_16x16(w.w_qkv[:, :H].contiguous()), qkv_shuffled=True)
+        self.lay, self.bucket, self.w, self.launcher = K1Layout(8, bucket), bucket, w, launcher
+        qkv_stride = H if shuffled else H + row_pad
+        self.layouts = (qkv_stride, int(w.qkv_shuffled), 1536 + row_pad, int(w.qb_shuffled))
+        self.weights = [t.to(device).flatten() for t in (
+            w.hc_fn, w.hc_base, w.hc_scale, w.attn_norm, w.w_qkv, w.s_qkv, w.q_norm, w.kv_norm, w.w_qb, w.s_qb,
+            w.rope)]
+
+        def zeros(n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+            return torch.zeros(n, dtype=dtype, device=device)
+
+        def sentinel(n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+            return torch.full((n,), SENTINEL, dtype=dtype, device=device)
+
+        rows, bf16 = bucket, torch.bfloat16
+        self.inputs = [zeros(rows * H, bf16), zeros(rows * 4 * H, bf16), zeros(rows * 4), zeros(rows * 16)]
+        self.positions = zeros(rows, torch.int64)
+        self.slots = torch.full((rows,), -1, dtype=torch.int64, device=device)
+        self.cache = torch.randint(0, 256, (PAGES * PAGE_STRIDE,), dtype=torch.uint8,
+                                   generator=torch.Generator().manual_seed(7)).to(device)
+        self.outputs = {"r": sentinel(rows * 4 * H, bf16), "post": sentinel(rows * 4), "comb": sentinel(rows * 16),
+                        "x_norm": sentinel(rows * H, bf16), "qr": sentinel(rows * 1536, bf16),
+                        "q": sentinel(rows * self.lay.q_width, bf16)}
+        self.sync = zeros(self.lay.sync_words, torch.int32)
+        self.work = [zeros(self.lay.f32_words), zeros(self.lay.bytes, torch.uint8)]
+
+    def set_step(self, m: int, seed: int, do_fold: int) -> Step:
+        """Random inputs for m rows, copied into the device buffers; even rows insert KV."""
+        x, residual, post_mix, res_mix = random_activations(m, seed)
+        positions = torch.randint(0, self.w.rope.shape[0], (m,), generator=torch.Generator().manual_seed(seed))
+        slots = torch.tensor([(5 + 7 * i) % (PAGES * BLOCK) if i % 2 == 0 else -1 for i in range(m)])
+        for buffer, value in zip(self.inputs + [self.positions, self.slots],
+                                 (x, residual, post_mix, res_mix, positions, slots)):
+            buffer[: value.numel()].copy_(value.flatten())
+        return Step(m, do_fold, x, residual, post_mix, res_mix, positions, slots)
+
+    def arguments(self, step: Step) -> tuple:
+        """The launcher's arguments in the order of K1Template.arguments."""
+        return (*self.inputs, *self.weights, self.positions, self.slots, self.cache, *self.outputs.values(),
+                self.sync, *self.work, step.m, step.do_fold, *self.layouts, PAGE_STRIDE, BLOCK)
+
+    def launch(self, step: Step) -> None:
+        self.launcher(*self.arguments(step))
+
+    def check(self, step: Step, cache_before: torch.Tensor) -> None:
+        """Every output against reference.k1, rows past m untouched, the cache written only at
+        the records of rows with a slot (pad bytes kept)."""
+        m, heads = step.m, self.lay.heads
+        want = ref.k1(step.x, step.residual, step.post_mix, step.res_mix, bool(step.do_fold), self.w, step.positions)
+        got = {name: out.cpu() for name, out in self.outputs.items()}
+        close = torch.testing.assert_close
+        # Tolerances: f32 sums run in another order (fold, mixes, norms); the GEMVs' fp8 inputs
+        # may flip by one code where a bf16 input differs by one ulp.
+        close(got["r"][: m * 4 * H].view(m, 4, H), want.r, rtol=1e-2, atol=1e-2)
+        close(got["post"][: m * 4].view(m, 4), want.post, rtol=1e-4, atol=1e-5)
+        close(got["comb"][: m * 16].view(m, 4, 4), want.comb, rtol=1e-3, atol=1e-4)
+        close(got["x_norm"][: m * H].view(m, H), want.x_norm, rtol=2e-2, atol=2e-2)
+        close(got["qr"][: m * 1536].view(m, 1536), want.qr, rtol=5e-2, atol=5e-2)
+        close(got["q"][: m * heads * 512].view(m, heads, 512), want.q, rtol=5e-2, atol=5e-2)
+        for name, out in got.items():
+            assert out[m * out.numel() // self.bucket:].eq(SENTINEL).all(), f"{name}: rows past m were written"
+        cache = self.cache.cpu()
+        touched = torch.zeros_like(cache, dtype=torch.bool)
+        for row, slot in enumerate(step.slots.tolist()):
+            if slot < 0:
+                continue
+            record = ref.kv_read(cache, slot, PAGE_STRIDE, BLOCK)
+            close(ref.kv_dequantize(record.unsqueeze(0))[0], want.kv[row], rtol=0.07, atol=0.05)
+            assert record[583] == ref.kv_read(cache_before, slot, PAGE_STRIDE, BLOCK)[583], "pad byte written"
+            page, r = divmod(slot, BLOCK)
+            base = page * PAGE_STRIDE
+            touched[base + r * 576: base + (r + 1) * 576] = True
+            touched[base + BLOCK * 576 + r * 8: base + BLOCK * 576 + r * 8 + 7] = True
+        assert torch.equal(cache[~touched], cache_before[~touched]), "K1 wrote cache bytes outside its records"

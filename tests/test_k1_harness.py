@@ -1,0 +1,73 @@
+"""The gfx950 launch test's harness, exercised on the CPU with a launcher that implements K1's
+contract through the reference: the harness must pass a correct K1 and catch a wrong one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from k1_harness import BLOCK, H, PAGE_STRIDE, K1Run
+from k1_inputs import random_weights
+
+from mono_jit.spec import Spec
+from mono_jit.templates import get
+from mono_jit.templates.k1 import reference as ref
+
+
+def reference_launcher(bucket: int, break_it: str = ""):
+    """A stand-in for the compiled K1 that reads its arguments by K1Template.arguments' names."""
+    names = [a.name for a in get("k1").arguments(Spec(8, 4, 1024, bucket))]
+
+    def launch(*values):
+        a = dict(zip(names, values, strict=True))
+        m, heads = a["m"], 128 // 8
+        stride, shuffled = a["qkv_stride"], bool(a["qkv_shuffled"])
+        w = ref.K1Weights(
+            hc_fn=a["hc_fn"].view(24, 4 * H), hc_base=a["hc_base"], hc_scale=a["hc_scale"], attn_norm=a["attn_norm"],
+            w_qkv=a["w_qkv"].view(2048, -1 if not shuffled else H), s_qkv=a["s_qkv"].view(16, 56),
+            q_norm=a["q_norm"], kv_norm=a["kv_norm"], w_qb=a["w_qb"].view(heads * 512, a["qb_stride"]),
+            s_qb=a["s_qb"].view(heads * 4, 12), rope=a["rope"].view(-1, 64), qkv_shuffled=shuffled,
+            qb_shuffled=bool(a["qb_shuffled"]))
+        assert w.w_qkv.shape[1] == stride
+        out = ref.k1(a["x"][: m * H].view(m, H), a["residual"][: m * 4 * H].view(m, 4, H),
+                     a["post_mix"][: m * 4].view(m, 4, 1), a["res_mix"][: m * 16].view(m, 4, 4), bool(a["do_fold"]),
+                     w, a["positions"][:m])
+        rows = m + 1 if break_it == "extra row" else m
+        for name, value in (("r_out", out.r), ("post_out", out.post), ("comb_out", out.comb),
+                            ("x_norm", out.x_norm), ("qr_out", out.qr), ("q_out", out.q)):
+            flat = value.flatten()
+            a[name][: flat.numel() * rows // m].copy_(torch.cat([flat, flat])[: flat.numel() * rows // m])
+        ref.kv_insert(a["kv_cache"], out.records, a["slot_mapping"][:m], a["page_stride"], a["block_size"])
+        if break_it == "pad byte":  # flip the pad byte of every inserted record
+            for slot in a["slot_mapping"][:m].tolist():
+                if slot >= 0:
+                    page, row = divmod(slot, a["block_size"])
+                    a["kv_cache"][page * a["page_stride"] + a["block_size"] * 576 + row * 8 + 7] ^= 0xFF
+        a["sync"][0] += 1
+
+    return launch
+
+
+def _run(bucket: int, shuffled: bool, break_it: str = "") -> K1Run:
+    return K1Run(bucket, random_weights(row_pad=256), row_pad=256, shuffled=shuffled, device="cpu",
+                 launcher=reference_launcher(bucket, break_it))
+
+
+@pytest.mark.parametrize("m, bucket, shuffled", [(1, 1, False), (3, 4, True)])
+def test_harness_passes_a_kernel_that_keeps_the_contract(m, bucket, shuffled):
+    run = _run(bucket, shuffled)
+    step = run.set_step(m, seed=m, do_fold=1)
+    before = run.cache.clone()
+    run.launch(step)
+    run.check(step, cache_before=before)
+    assert int(run.sync[0]) == 1
+    assert PAGE_STRIDE >= BLOCK * 584
+
+
+@pytest.mark.parametrize("break_it, message", [("extra row", "rows past m"), ("pad byte", "pad byte")])
+def test_harness_catches_a_kernel_that_breaks_it(break_it, message):
+    run = _run(4, False, break_it)
+    step = run.set_step(3, seed=3, do_fold=1)
+    before = run.cache.clone()
+    run.launch(step)
+    with pytest.raises(AssertionError, match=message):
+        run.check(step, cache_before=before)
