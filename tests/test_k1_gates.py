@@ -15,9 +15,10 @@ from mono_jit.config import Settings
 from mono_jit.hsaco import read_metadata
 from mono_jit.isa import disassemble, find_objdump, instruction_counts
 from mono_jit.prebuild import prebuild
+from mono_jit.resources import LDS_PER_CU
 from mono_jit.spec import STANDARD_MAX_TOKENS, Spec
 from mono_jit.templates import get
-from mono_jit.templates.k1.layout import K1Layout
+from mono_jit.templates.k1.layout import PIN_LDS_BYTES, STATIC_LDS_BYTES, K1Layout
 
 BUCKETS = STANDARD_MAX_TOKENS
 K_STEPS = 4 + 3  # MFMAs per wave and row tile: S3 3 + 1 predicated (28 steps / 8 waves), S5 3
@@ -43,13 +44,14 @@ def k1_builds(tmp_path_factory):
 @pytest.mark.parametrize("rows", BUCKETS)
 def test_k1_bucket_fits_the_persistent_grid(k1_builds, rows):
     meta, hsaco, _ = k1_builds[rows]
-    assert meta["launch"] == {"grid": [256, 1, 1], "block": [512, 1, 1], "dynamic_lds": 0}
+    assert meta["launch"] == {"grid": [256, 1, 1], "block": [512, 1, 1], "dynamic_lds": PIN_LDS_BYTES}
     assert meta["persistent"] is True
     (kernel,) = read_metadata(hsaco)[1]
     assert kernel.scratch == 0 and kernel.vgpr_spills == 0 and kernel.sgpr_spills == 0
     assert kernel.reqd_workgroup_size == (512, 1, 1)
     residency = meta["residency"][kernel.name]
-    assert residency["ctas_per_cu"] >= 1 and residency["waves_per_simd"] == 2
+    assert residency["ctas_per_cu"] == 1 and residency["waves_per_simd"] == 2  # one CTA on each CU
+    assert kernel.lds == STATIC_LDS_BYTES and residency["lds_bytes"] > LDS_PER_CU // 2
     assert kernel.vgpr + kernel.agpr <= 256  # two waves per SIMD
     # The kernarg block is exactly the contract: 27 tensors (pointer + i32 length) and 8 i32.
     assert len(kernel.args) == 27 * 2 + 8

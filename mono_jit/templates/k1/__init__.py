@@ -39,7 +39,7 @@ from ...resources import Budget
 from ...spec import Spec
 from ..base import Argument, LaunchShape, Template
 from ..registry import register
-from .layout import CTAS, THREADS, K1Layout
+from .layout import CTAS, PIN_LDS_BYTES, THREADS, K1Layout
 
 
 @register
@@ -53,7 +53,7 @@ class K1Template(Template):
     budget = Budget(scratch_bytes=0, spills=0)
 
     def launch_shape(self, spec: Spec) -> LaunchShape:
-        return LaunchShape(grid=(CTAS, 1, 1), block=(THREADS, 1, 1))
+        return LaunchShape(grid=(CTAS, 1, 1), block=(THREADS, 1, 1), dynamic_lds=PIN_LDS_BYTES)
 
     def arguments(self, spec: Spec) -> tuple[Argument, ...]:
         lay = K1Layout.of(spec)

@@ -47,24 +47,22 @@ from .._dsl import (WAVE, dsl, f32_bits, f32_from_bits, flat_view, load, load_gl
 from .._sync import leave, publish, step_tag, wait
 from ..base import Build
 from . import addressing as ad
-from .layout import (CTAS, EPS, HEAD_DIM, KV_LORA, KV_SCALE_BLOCK, MIXES, MX_BLOCK, NOPE, PARTIALS, Q_LORA, QKV,
-                     ROPE, SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, STREAMS, THREADS, TILE_N, WAVES, WEIGHT_BLOCK,
-                     K1Layout)
+from .layout import (CTAS, EPS, HEAD_DIM, KV_LORA, KV_SCALE_BLOCK, LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS,
+                     MIXES, MX_BLOCK, NOPE, PARTIALS, PIN_LDS_BYTES, Q_LORA, QKV, ROPE, SEAM_CHUNK, SEAM_CHUNKS,
+                     SEAM_GROUP, STREAMS, THREADS, TILE_N, WAVES, WEIGHT_BLOCK, K1Layout)
 from .reference import E4M3_MAX, HC_POST_ALPHA, KV_AMAX_FLOOR, SINKHORN_ROUNDS
 
 H = model.HIDDEN
 VEC = 8  # values per lane in the row-wise stages (one 16-byte bf16 load)
 ROW_CHUNKS = H // VEC  # 896
 LOG2E = 1.4426950408889634
-MAX_ROW_TILES = model.MAX_DECODE_TOKENS // TILE_N  # the LDS for split-K sums is sized for 64 rows
-RED_SLOTS = 32
 
 
 @fx.struct
 class _Shared:
-    red: fx.Array[fx.Float32, WAVES * RED_SLOTS, 16]  # per-wave partials of block reductions
-    gate: fx.Array[fx.Float32, 32, 16]  # S2: the 25 sums, then pre
-    acc: fx.Array[fx.Float32, WAVES * MAX_ROW_TILES * WAVE * 4, 16]  # GEMV split-K partials
+    red: fx.Array[fx.Float32, LDS_RED_WORDS, 16]  # per-wave partials of block reductions
+    gate: fx.Array[fx.Float32, LDS_GATE_WORDS, 16]  # S2: the 25 sums, then pre
+    acc: fx.Array[fx.Float32, LDS_ACC_WORDS, 16]  # GEMV split-K partials
 
 
 # -- small numeric helpers -------------------------------------------------------------------
@@ -283,9 +281,9 @@ def make_kernel(lay: K1Layout):
         wave = tid // WAVE
         cta = fx.block_idx.x
         shared = fx.SharedAllocator().allocate(_Shared).peek()
-        red = shared.red.view(fx.make_layout(WAVES * RED_SLOTS, 1))
-        gate = shared.gate.view(fx.make_layout(32, 1))
-        lds_acc = shared.acc.view(fx.make_layout(WAVES * MAX_ROW_TILES * WAVE * 4, 1))
+        red = shared.red.view(fx.make_layout(LDS_RED_WORDS, 1))
+        gate = shared.gate.view(fx.make_layout(LDS_GATE_WORDS, 1))
+        lds_acc = shared.acc.view(fx.make_layout(LDS_ACC_WORDS, 1))
         tag = step_tag(Sync)
 
         f32 = flat_view(WorkF32)
@@ -562,7 +560,7 @@ def build(spec: Spec) -> Build:
                WQb, SQb, Rope, Positions, SlotMapping, KvCache, ROut, PostOut, CombOut, XNorm, QrOut, QOut,
                Sync, WorkF32, WorkU8, m, do_fold, qkv_stride, qkv_shuffled, qb_stride, qb_shuffled, page_stride,
                block_size).launch(
-            grid=(CTAS, 1, 1), block=(THREADS, 1, 1), stream=stream)
+            grid=(CTAS, 1, 1), block=(THREADS, 1, 1), smem=PIN_LDS_BYTES, stream=stream)
 
     return Build(launch_k1, placeholders(lay))
 

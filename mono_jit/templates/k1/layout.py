@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass
 
 from ... import model
+from ...resources import LDS_PER_CU
 from ...spec import Spec
 
 CTAS = 256
@@ -59,6 +60,18 @@ S3_PARTS = 2
 S3_PART_STEPS = model.HIDDEN // TILE_K // S3_PARTS  # 28
 HEADS_PER_TASK = WAVES  # S6: one wave per head
 EPS = 1e-6
+
+# LDS (f32 words): block-reduction partials (32 slots per wave), the seam gate's 25 sums, and
+# the GEMVs' split-K accumulators for up to 64 rows (4 row tiles of 16 x 16 per wave).
+RED_SLOTS = 32
+LDS_RED_WORDS = WAVES * RED_SLOTS
+LDS_GATE_WORDS = 32
+LDS_ACC_WORDS = WAVES * (model.MAX_DECODE_TOKENS // TILE_N) * 64 * 4
+STATIC_LDS_BYTES = 4 * (LDS_RED_WORDS + LDS_GATE_WORDS + LDS_ACC_WORDS)
+# Unused dynamic LDS that takes a CTA past half of a CU's 160 KiB, so no CU can hold two K1
+# CTAs and the 256 CTAs land one per CU (MI355X: 256 CUs). The runner launches with it (meta's
+# launch.dynamic_lds).
+PIN_LDS_BYTES = LDS_PER_CU // 2 + 64 - STATIC_LDS_BYTES
 
 
 @dataclass(frozen=True)
