@@ -8,9 +8,10 @@ Why this decomposition:
   and reads hc_fn once per row group. Each task leaves 25 partial sums per row (24 dot products
   and the sum of squares); S2 adds the 56 partials in a fixed order, so the mixes are
   deterministic and no float atomics are needed.
-- The seam's gate is 28 numbers per row: one thread computes it (Sinkhorn is 39 4x4
-  normalisations), then the CTA collapses and norms the row holding 8 contiguous columns per
-  thread, which is also the MXFP8 layout: four neighbouring lanes form one 32-block.
+- The seam's gate is 28 numbers per row: one wave computes it, a lane per entry of the 4 x 4
+  comb (Sinkhorn's 39 normalisations are lane butterflies), then the CTA collapses and norms
+  the row holding 8 contiguous columns per thread, which is also the MXFP8 layout: four
+  neighbouring lanes form one 32-block.
 - The GEMVs use the scaled MFMA v_mfma_scale_f32_16x16x128_f8f6f4 with the weight as operand A
   (16 output rows) and the MXFP8 activations as operand B (16 tokens); each lane's E8M0 scale
   covers exactly its 32 K values (for the weight, the code of its 128 x 128 block, the same in
@@ -344,8 +345,8 @@ def make_kernel(lay: K1Layout):
                                                     fx.Float32)
                     fx.memref_store(total, gate, tid)
                 gpu.barrier()
-                if tid == 0:
-                    _seam_gate(gate, HcBase, HcScale, PostOut, CombOut, row)
+                if wave == 0:
+                    _seam_gate(gate, HcBase, HcScale, PostOut, CombOut, row, lane)
                 gpu.barrier()
                 pre = [fx.memref_load(gate, i) for i in range_constexpr(STREAMS)]
                 _collapse_norm_quant(ROut, AttnNorm, XNorm, pre, red, u8x8, u8, lay, row, tid, wave, lane)
@@ -397,41 +398,43 @@ def make_kernel(lay: K1Layout):
     return k1_kernel
 
 
-def _seam_gate(gate, HcBase, HcScale, PostOut, CombOut, row):
-    """One thread: mixes -> pre (kept in gate[0:4]), post and Sinkhorn comb (stored)."""
+def _lane_sum(value, first: int, last: int):
+    """Sum over the lanes whose index differs only in bits first..last (a butterfly)."""
+    for bit in range_constexpr(first, last + 1):
+        value = value + value.shuffle_xor(1 << bit, WAVE)
+    return value
+
+
+@dsl
+def _seam_gate(gate, HcBase, HcScale, PostOut, CombOut, row, lane):
+    """Wave 0: mixes -> pre (into gate[0:4]), post and the Sinkhorn comb (stored).
+
+    Lane e = 4 i + j (of every 16) holds comb[i, j]: a row sum is a butterfly over lane bits
+    0-1, a column sum over bits 2-3, so each of the 39 normalisations is two shuffles and a
+    division per lane instead of sixteen serial divisions.
+    """
+    e = lane % 16
     inv = _rsqrt(fx.memref_load(gate, MIXES) / float(STREAMS * H) + EPS)
-    mix = [fx.memref_load(gate, k) * inv for k in range_constexpr(MIXES)]
-    s = [load_global(HcScale, i) for i in range_constexpr(3)]
-    b = [load_global(HcBase, k) for k in range_constexpr(MIXES)]
-    for i in range_constexpr(STREAMS):
-        fx.memref_store(_sigmoid(mix[i] * s[0] + b[i]) + EPS, gate, i)
-        post = _sigmoid(mix[4 + i] * s[1] + b[4 + i]) * HC_POST_ALPHA
-        store_scalar(flat_view(PostOut), row * STREAMS + i, post, fx.Float32)
-    logits = [[mix[8 + i * 4 + j] * s[2] + b[8 + i * 4 + j] for j in range_constexpr(4)] for i in range_constexpr(4)]
-    comb = []
-    for i in range_constexpr(4):
-        top = fx.max(fx.max(logits[i][0], logits[i][1]), fx.max(logits[i][2], logits[i][3]))
-        e = [((logits[i][j] - top) * LOG2E).exp2() for j in range_constexpr(4)]
-        total = e[0] + e[1] + e[2] + e[3]
-        comb.append([e[j] / total + EPS for j in range_constexpr(4)])
-    comb = _normalise_columns(comb)
+    s0, s1, s2 = (load_global(HcScale, i) for i in range_constexpr(3))
+    own = lane % STREAMS
+    pre = _sigmoid(fx.memref_load(gate, own) * inv * s0 + load_global(HcBase, own)) + EPS
+    post = _sigmoid(fx.memref_load(gate, STREAMS + own) * inv * s1 + load_global(HcBase, STREAMS + own)) * \
+        HC_POST_ALPHA
+    logit = fx.memref_load(gate, 8 + e) * inv * s2 + load_global(HcBase, 8 + e)
+    top = logit
+    for bit in range_constexpr(2):
+        top = fx.max(top, top.shuffle_xor(1 << bit, WAVE))
+    weight = ((logit - top) * LOG2E).exp2()
+    comb = weight / _lane_sum(weight, 0, 1) + EPS
+    comb = comb / (_lane_sum(comb, 2, 3) + EPS)
     for _ in range_constexpr(SINKHORN_ROUNDS - 1):
-        for i in range_constexpr(4):
-            recip = 1.0 / (comb[i][0] + comb[i][1] + comb[i][2] + comb[i][3] + EPS)
-            comb[i] = [comb[i][j] * recip for j in range_constexpr(4)]
-        comb = _normalise_columns(comb)
-    for i in range_constexpr(4):
-        for j in range_constexpr(4):
-            store_scalar(flat_view(CombOut), row * 16 + i * 4 + j, comb[i][j], fx.Float32)
-
-
-def _normalise_columns(comb):
-    out = [list(r) for r in comb]
-    for j in range_constexpr(4):
-        recip = 1.0 / (comb[0][j] + comb[1][j] + comb[2][j] + comb[3][j] + EPS)
-        for i in range_constexpr(4):
-            out[i][j] = comb[i][j] * recip
-    return out
+        comb = comb / (_lane_sum(comb, 0, 1) + EPS)
+        comb = comb / (_lane_sum(comb, 2, 3) + EPS)
+    if lane < STREAMS:
+        fx.memref_store(pre, gate, lane)
+        store_scalar(flat_view(PostOut), row * STREAMS + lane, post, fx.Float32)
+    if lane < 16:
+        store_scalar(flat_view(CombOut), row * 16 + lane, comb, fx.Float32)
 
 
 @dsl
