@@ -5,6 +5,8 @@ pointer plus an i32 length per tensor, which the runner packs without knowing sh
 """
 
 
+import operator
+
 import flydsl.expr as fx
 from flydsl.compiler.ast_rewriter import ASTRewriter
 from flydsl.expr import range_constexpr
@@ -43,11 +45,17 @@ def store_scalar(view, index, value, dtype) -> None:
     store(view, index, fx.Vector.filled(1, value, dtype), dtype, 1)
 
 
+def butterfly(value, combine, bits):
+    """Combine each lane's value with those of the lanes whose index differs only in `bits`
+    (lane-index bit positions); every lane of such a group gets the group's result."""
+    for bit in bits:
+        value = combine(value, value.shuffle_xor(1 << bit, WAVE))
+    return value
+
+
 def wave_sum(value):
     """Butterfly sum over the 64 lanes of a wave; every lane gets the total."""
-    for step in range_constexpr(_LOG2_WAVE):
-        value = value + value.shuffle_xor(WAVE >> (step + 1), WAVE)
-    return value
+    return butterfly(value, operator.add, reversed(range(_LOG2_WAVE)))
 
 
 def wave_argmax(value, index):

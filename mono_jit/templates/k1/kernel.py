@@ -35,6 +35,8 @@ runs on an MI355X.
 """
 
 
+import operator
+
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 import torch
@@ -43,7 +45,7 @@ from flydsl.expr import gpu, range_constexpr
 
 from ... import model
 from ...spec import Spec
-from .._dsl import (WAVE, dsl, f32_bits, f32_from_bits, flat_view, load, load_global, load_scalar, store,
+from .._dsl import (WAVE, butterfly, dsl, f32_bits, f32_from_bits, flat_view, load, load_global, load_scalar, store,
                     store_scalar, wave_sum)
 from .._sync import leave, publish, step_tag, wait
 from ..base import Build
@@ -113,15 +115,6 @@ def _amax8(values):
     for i in range_constexpr(1, VEC):
         amax = fx.max(amax, fx.math.absf(values[i]))
     return amax
-
-
-def _group_max(value, lanes: int):
-    """Max over aligned groups of `lanes` neighbouring lanes (every lane gets its group's max)."""
-    step = 1
-    while step < lanes:
-        value = fx.max(value, value.shuffle_xor(step, WAVE))
-        step *= 2
-    return value
 
 
 @dsl
@@ -398,11 +391,7 @@ def make_kernel(lay: K1Layout):
     return k1_kernel
 
 
-def _lane_sum(value, first: int, last: int):
-    """Sum over the lanes whose index differs only in bits first..last (a butterfly)."""
-    for bit in range_constexpr(first, last + 1):
-        value = value + value.shuffle_xor(1 << bit, WAVE)
-    return value
+_ROW, _COLUMN = range(2), range(2, 4)  # lane bits of j and i when lane e = 4 i + j
 
 
 @dsl
@@ -421,15 +410,12 @@ def _seam_gate(gate, HcBase, HcScale, PostOut, CombOut, row, lane):
     post = _sigmoid(fx.memref_load(gate, STREAMS + own) * inv * s1 + load_global(HcBase, STREAMS + own)) * \
         HC_POST_ALPHA
     logit = fx.memref_load(gate, 8 + e) * inv * s2 + load_global(HcBase, 8 + e)
-    top = logit
-    for bit in range_constexpr(2):
-        top = fx.max(top, top.shuffle_xor(1 << bit, WAVE))
-    weight = ((logit - top) * LOG2E).exp2()
-    comb = weight / _lane_sum(weight, 0, 1) + EPS
-    comb = comb / (_lane_sum(comb, 2, 3) + EPS)
+    weight = ((logit - butterfly(logit, fx.max, _ROW)) * LOG2E).exp2()
+    comb = weight / butterfly(weight, operator.add, _ROW) + EPS
+    comb = comb / (butterfly(comb, operator.add, _COLUMN) + EPS)
     for _ in range_constexpr(SINKHORN_ROUNDS - 1):
-        comb = comb / (_lane_sum(comb, 0, 1) + EPS)
-        comb = comb / (_lane_sum(comb, 2, 3) + EPS)
+        comb = comb / (butterfly(comb, operator.add, _ROW) + EPS)
+        comb = comb / (butterfly(comb, operator.add, _COLUMN) + EPS)
     if lane < STREAMS:
         fx.memref_store(pre, gate, lane)
         store_scalar(flat_view(PostOut), row * STREAMS + lane, post, fx.Float32)
@@ -440,7 +426,7 @@ def _seam_gate(gate, HcBase, HcScale, PostOut, CombOut, row, lane):
 @dsl
 def _mx_store(values, u8x8, u8, codes_at, scales_at, chunk, valid):
     """MXFP8 of this lane's 8 values; 4 neighbouring lanes share a 32-block and its code."""
-    code = _e8m0(_group_max(_amax8(values), MX_BLOCK // VEC))
+    code = _e8m0(butterfly(_amax8(values), fx.max, range(2)))  # 4 lanes x 8 values = one 32-block
     if valid:
         store(u8x8, (codes_at + chunk * VEC) // VEC, _fp8x8(values, _e8m0_inverse(code)), fx.Uint8, VEC)
         if chunk % (MX_BLOCK // VEC) == 0:
@@ -510,7 +496,7 @@ def _kv_insert(f32x4, KvNorm, Rope, Positions, SlotMapping, KvCache, lay, row, l
     rotated = _rope8(y, Rope, position, fx.max(pair0, 0))
     y = [(lane >= nope_lanes).select(_bf16(rotated[e]), y[e]) for e in range_constexpr(VEC)]
     per_block = KV_SCALE_BLOCK // VEC  # 8 lanes share a UE8M0 code
-    code = _e8m0(fx.max(_group_max(_amax8(y), per_block), KV_AMAX_FLOOR))
+    code = _e8m0(fx.max(butterfly(_amax8(y), fx.max, range(3)), KV_AMAX_FLOOR))  # 8 lanes: 64 dims
     slot = load_global(SlotMapping, row)
     if slot >= 0:
         block = block_size.to(fx.Int64)
