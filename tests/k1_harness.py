@@ -86,18 +86,21 @@ class K1Run:
     def check(self, step: Step, cache_before: torch.Tensor) -> None:
         """Every output against reference.k1, rows past m untouched, the cache written only at
         the records of rows with a slot (pad bytes kept)."""
-        m, heads = step.m, self.lay.heads
+        m = step.m
         want = ref.k1(step.x, step.residual, step.post_mix, step.res_mix, bool(step.do_fold), self.w, step.positions)
         got = {name: out.cpu() for name, out in self.outputs.items()}
         close = torch.testing.assert_close
-        # Tolerances: f32 sums run in another order (fold, mixes, norms); the GEMVs' fp8 inputs
-        # may flip by one code where a bf16 input differs by one ulp.
-        close(got["r"][: m * 4 * H].view(m, 4, H), want.r, rtol=1e-2, atol=1e-2)
-        close(got["post"][: m * 4].view(m, 4), want.post, rtol=1e-4, atol=1e-5)
-        close(got["comb"][: m * 16].view(m, 4, 4), want.comb, rtol=1e-3, atol=1e-4)
-        close(got["x_norm"][: m * H].view(m, H), want.x_norm, rtol=2e-2, atol=2e-2)
-        close(got["qr"][: m * 1536].view(m, 1536), want.qr, rtol=5e-2, atol=5e-2)
-        close(got["q"][: m * heads * 512].view(m, heads, 512), want.q, rtol=5e-2, atol=5e-2)
+        # Tolerances: f32 sums run in another order (fold, mixes, norms) and a bf16 output may
+        # differ by an ulp (0.4-0.8 %); where that flips an fp8 code of a GEMV input, a few
+        # outputs move further. The mean error is held much tighter than the worst element, so a
+        # wrong scale or a misplaced block (a few % on many outputs) cannot hide under the max.
+        checks = (("r", want.r, 1e-2, 1e-3), ("post", want.post, 1e-4, 1e-5), ("comb", want.comb, 1e-3, 1e-4),
+                  ("x_norm", want.x_norm, 2e-2, 2e-3), ("qr", want.qr, 3e-2, 3e-3), ("q", want.q, 3e-2, 3e-3))
+        for name, expected, worst, mean in checks:
+            actual = got[name][: expected.numel()].view(expected.shape).float()
+            close(actual, expected.float(), rtol=worst, atol=worst, msg=lambda text: f"{name}: {text}")
+            error = (actual - expected.float()).abs().mean().item()
+            assert error <= mean, f"{name}: mean error {error:.2e} > {mean:.0e}"
         for name, out in got.items():
             assert out[m * out.numel() // self.bucket:].eq(SENTINEL).all(), f"{name}: rows past m were written"
         cache = self.cache.cpu()
@@ -106,7 +109,8 @@ class K1Run:
             if slot < 0:
                 continue
             record = ref.kv_read(cache, slot, PAGE_STRIDE, BLOCK)
-            close(ref.kv_dequantize(record.unsqueeze(0))[0], want.kv[row], rtol=0.07, atol=0.05)
+            close(ref.kv_dequantize(record.unsqueeze(0))[0], want.kv[row], rtol=0.07, atol=0.05)  # e4m3 step
+            assert (record[576:583] == want.records[row, 576:583]).sum() >= 6, "UE8M0 codes differ"
             assert record[583] == ref.kv_read(cache_before, slot, PAGE_STRIDE, BLOCK)[583], "pad byte written"
             page, r = divmod(slot, BLOCK)
             base = page * PAGE_STRIDE

@@ -28,6 +28,9 @@ def reference_launcher(bucket: int, break_it: str = ""):
             s_qb=a["s_qb"].view(heads * 4, 12), rope=a["rope"].view(-1, 64), qkv_shuffled=shuffled,
             qb_shuffled=bool(a["qb_shuffled"]))
         assert w.w_qkv.shape[1] == stride
+        if break_it == "one block scale":  # one 128 x 128 block of fused_wqa_wkv read at twice its scale
+            w.s_qkv = w.s_qkv.clone()
+            w.s_qkv[2, 5] += 1
         out = ref.k1(a["x"][: m * H].view(m, H), a["residual"][: m * 4 * H].view(m, 4, H),
                      a["post_mix"][: m * 4].view(m, 4, 1), a["res_mix"][: m * 16].view(m, 4, 4), bool(a["do_fold"]),
                      w, a["positions"][:m])
@@ -63,7 +66,8 @@ def test_harness_passes_a_kernel_that_keeps_the_contract(m, bucket, shuffled):
     assert PAGE_STRIDE >= BLOCK * 584
 
 
-@pytest.mark.parametrize("break_it, message", [("extra row", "rows past m"), ("pad byte", "pad byte")])
+@pytest.mark.parametrize("break_it, message", [("extra row", "rows past m"), ("pad byte", "pad byte"),
+                                               ("one block scale", "qr")])
 def test_harness_catches_a_kernel_that_breaks_it(break_it, message):
     run = _run(4, False, break_it)
     step = run.set_step(3, seed=3, do_fold=1)
