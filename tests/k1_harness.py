@@ -103,6 +103,11 @@ class K1Run:
             assert error <= mean, f"{name}: mean error {error:.2e} > {mean:.0e}"
         for name, out in got.items():
             assert out[m * out.numel() // self.bucket:].eq(SENTINEL).all(), f"{name}: rows past m were written"
+        self.check_cache(step, want, cache_before)
+
+    def check_cache(self, step: Step, want: ref.K1Outputs, cache_before: torch.Tensor) -> None:
+        """Records at the rows' slots hold the reference KV; no other byte changed."""
+        close = torch.testing.assert_close
         cache = self.cache.cpu()
         touched = torch.zeros_like(cache, dtype=torch.bool)
         for row, slot in enumerate(step.slots.tolist()):
@@ -117,3 +122,71 @@ class K1Run:
             touched[base + r * 576: base + (r + 1) * 576] = True
             touched[base + BLOCK * 576 + r * 8: base + BLOCK * 576 + r * 8 + 7] = True
         assert torch.equal(cache[~touched], cache_before[~touched]), "K1 wrote cache bytes outside its records"
+
+
+# -- standalone stages ------------------------------------------------------------------------
+
+def scratch(run: K1Run) -> dict[str, torch.Tensor]:
+    """Views of the scratch regions one stage hands the next (K1Layout's offsets)."""
+    f32, u8, lay, rows = run.work[0], run.work[1], run.lay, run.bucket
+    return {
+        "partials": f32[lay.partials: lay.qkv_raw].view(rows, 56, 25),
+        "qkv_raw": f32[lay.qkv_raw: lay.q_raw].view(2, rows, 2048),
+        "q_raw": f32[lay.q_raw: lay.f32_words].view(rows, lay.q_width),
+        "x_codes": u8[lay.x_codes: lay.x_scales].view(rows, H),
+        "x_scales": u8[lay.x_scales: lay.qr_codes].view(rows, H // 32),
+        "qr_codes": u8[lay.qr_codes: lay.qr_scales].view(rows, 1536),
+        "qr_scales": u8[lay.qr_scales: lay.bytes].view(rows, 1536 // 32),
+    }
+
+
+def prepare_stage(run: K1Run, stage: int, step: Step, want: ref.K1Outputs) -> None:
+    """Put the reference's hand-off into the buffers a standalone `stage` reads."""
+    m, s = step.m, scratch(run)
+    if stage == 2:
+        run.outputs["r"][: want.r.numel()].copy_(want.r.flatten())
+        s["partials"][:m].copy_(want.partials)
+    elif stage == 3:
+        s["x_codes"][:m].copy_(want.x_codes)
+        s["x_scales"][:m].copy_(want.x_scales)
+    elif stage == 4:
+        s["qkv_raw"][0, :m].copy_(want.qkv_raw)
+        s["qkv_raw"][1, :m].zero_()
+    elif stage == 5:
+        s["qr_codes"][:m].copy_(want.qr_codes)
+        s["qr_scales"][:m].copy_(want.qr_scales)
+    elif stage == 6:
+        s["q_raw"][:m].copy_(want.q_raw)
+
+
+def _close_mx(codes, scales, want_codes, want_scales):
+    """MXFP8 rows equal up to an e4m3 step where an input differs by an ulp."""
+    got = ref.mxfp8_dequantize(codes.cpu(), scales.cpu())
+    expected = ref.mxfp8_dequantize(want_codes, want_scales)
+    torch.testing.assert_close(got, expected, rtol=0.07, atol=1e-3)
+    assert (scales.cpu() == want_scales).float().mean() >= 0.99, "E8M0 codes differ"
+
+
+def check_stage(run: K1Run, stage: int, step: Step, want: ref.K1Outputs, cache_before: torch.Tensor) -> None:
+    """What a standalone `stage` writes, against the reference's hand-off and outputs."""
+    m, s = step.m, {name: view.cpu() for name, view in scratch(run).items()}
+    got = {name: out.cpu() for name, out in run.outputs.items()}
+    close = torch.testing.assert_close
+    if stage == 1:
+        close(got["r"][: want.r.numel()].view_as(want.r), want.r, rtol=1e-2, atol=1e-2)
+        close(s["partials"][:m], want.partials, rtol=1e-4, atol=1e-3)
+    elif stage == 2:
+        close(got["post"][: m * 4].view(m, 4), want.post, rtol=1e-4, atol=1e-5)
+        close(got["comb"][: m * 16].view(m, 4, 4), want.comb, rtol=1e-3, atol=1e-4)
+        close(got["x_norm"][: m * H].view(m, H), want.x_norm, rtol=1e-2, atol=1e-2)
+        _close_mx(s["x_codes"][:m], s["x_scales"][:m], want.x_codes, want.x_scales)
+    elif stage == 3:
+        close(s["qkv_raw"][0, :m] + s["qkv_raw"][1, :m], want.qkv_raw, rtol=1e-4, atol=1e-3)
+    elif stage == 4:
+        close(got["qr"][: m * 1536].view(m, 1536), want.qr, rtol=1e-2, atol=1e-2)
+        _close_mx(s["qr_codes"][:m], s["qr_scales"][:m], want.qr_codes, want.qr_scales)
+        run.check_cache(step, want, cache_before)
+    elif stage == 5:
+        close(s["q_raw"][:m], want.q_raw, rtol=1e-4, atol=1e-3)
+    elif stage == 6:
+        close(got["q"][: want.q.numel()].view_as(want.q), want.q, rtol=1e-2, atol=1e-2)

@@ -4,7 +4,7 @@ call (the ctypes runner comes with the runner issue)."""
 
 import pytest
 import torch
-from k1_harness import K1Run
+from k1_harness import K1Run, check_stage, prepare_stage
 from k1_inputs import random_weights
 
 from mono_jit.spec import Spec
@@ -104,3 +104,23 @@ def test_k1_replays_under_a_hip_graph():
         torch.cuda.synchronize()
         run.check(step, cache_before=before)
     assert int(run.sync[0]) == 4, "one epoch per launch: the warm-up and three replays"
+
+
+@pytest.mark.parametrize("stage", range(1, 7))
+def test_k1_stage_alone_matches_reference(stage):
+    """Each stage as a standalone launch (kernel.build(spec, {stage})), fed the reference's
+    hand-off from the stage before and compared with the reference's hand-off to the next."""
+    from mono_jit.templates.k1 import reference as ref
+    from mono_jit.templates.k1.kernel import build
+
+    bucket, m = 8, 5
+    run = K1Run(bucket, random_weights(row_pad=256), row_pad=256, shuffled=False, device="cuda",
+                launcher=build(Spec(8, 4, 1024, bucket), frozenset({stage})).launcher)
+    step = run.set_step(m, seed=stage, do_fold=1)
+    want = ref.k1(step.x, step.residual, step.post_mix, step.res_mix, True, run.w, step.positions)
+    prepare_stage(run, stage, step, want)
+    before = run.cache.cpu().clone()
+    run.launch(step)
+    torch.cuda.synchronize()
+    check_stage(run, stage, step, want, before)
+    assert int(run.sync[0]) == 1, "a standalone stage still advances the epoch"

@@ -108,3 +108,27 @@ def test_k1_argument_contract_matches_the_launcher_and_placeholders():
             assert str(placeholder.dtype) == f"torch.{argument.dtype}", argument.name
         else:
             assert isinstance(placeholder, int), argument.name
+
+
+@pytest.fixture(scope="module")
+def stage_builds():
+    from k1_stages import compile_each_stage
+
+    return compile_each_stage(Spec(8, 4, 1024, 32))
+
+
+@pytest.mark.parametrize("stage", range(1, 7))
+def test_each_k1_stage_has_a_standalone_launch(stage_builds, stage):
+    """Every stage also builds alone (DESIGN.md: each stage testable by itself on a GPU). A
+    standalone stage waits on nothing (it reads prepared inputs), still publishes its flags and
+    advances the epoch, and the GEMV stages keep their MFMAs."""
+    hsaco, launches = stage_builds[stage]
+    assert launches == [{"kernel": "k1_kernel_0", "grid": [256, 1, 1], "block": [512, 1, 1],
+                         "dynamic_lds": PIN_LDS_BYTES}]
+    (kernel,) = read_metadata(hsaco)[1]
+    assert kernel.scratch == 0 and kernel.vgpr_spills == 0 and kernel.sgpr_spills == 0
+    counts = instruction_counts(disassemble(hsaco, find_objdump(Settings())))
+    assert counts["s_sleep"] == 0, "a standalone stage must not wait (no polling loop)"
+    assert counts["global_atomic_add"] >= 1
+    mfma = {3: 4 * 2, 5: 3 * 2}.get(stage, 0)  # per wave and row tile, 2 row tiles at 32 rows
+    assert counts["v_mfma_scale_f32_16x16x128_f8f6f4"] == mfma

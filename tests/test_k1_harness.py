@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from k1_harness import BLOCK, H, PAGE_STRIDE, K1Run
+from k1_harness import BLOCK, H, PAGE_STRIDE, K1Run, check_stage, prepare_stage, scratch
 from k1_inputs import random_weights
 
 from mono_jit.spec import Spec
@@ -75,3 +75,73 @@ def test_harness_catches_a_kernel_that_breaks_it(break_it, message):
     run.launch(step)
     with pytest.raises(AssertionError, match=message):
         run.check(step, cache_before=before)
+
+
+def reference_stage_launcher(run_box: list, stage: int, bucket: int, break_it: bool = False):
+    """A stand-in for a standalone stage: reads the stage's inputs where the kernel would (the
+    prepared buffers), writes its outputs there, through the reference's stage functions."""
+    names = [a.name for a in get("k1").arguments(Spec(8, 4, 1024, bucket))]
+
+    def launch(*values):
+        a = dict(zip(names, values, strict=True))
+        run, m = run_box[0], a["m"]
+        s, w = scratch(run), run.w
+        if stage == 1:
+            r = ref.fold(a["x"][: m * H].view(m, H), a["residual"][: m * 4 * H].view(m, 4, H),
+                         a["post_mix"][: m * 4].view(m, 4, 1), a["res_mix"][: m * 16].view(m, 4, 4), bool(a["do_fold"]))
+            a["r_out"][: r.numel()].copy_(r.flatten())
+            s["partials"][:m].copy_(ref.seam_partials(r, w.hc_fn))
+        elif stage == 2:
+            r = a["r_out"][: m * 4 * H].view(m, 4, H)
+            gate = ref.gate_from_sums(s["partials"][:m].double().sum(1).float(), 4 * H, w.hc_base, w.hc_scale)
+            x_norm = ref.rms_norm(ref.collapse(r, gate.pre), w.attn_norm)
+            codes, scales = ref.mxfp8_quantize(x_norm)
+            a["post_out"][: m * 4].copy_(gate.post.flatten())
+            a["comb_out"][: m * 16].copy_(gate.comb.flatten())
+            a["x_norm"][: m * H].copy_(x_norm.flatten())
+            s["x_codes"][:m], s["x_scales"][:m] = codes, scales
+        elif stage == 3:
+            raw = ref.fp8_gemv(s["x_codes"][:m], s["x_scales"][:m], w.w_qkv, w.s_qkv, H)
+            if break_it:
+                raw[:, 100] += 1.0
+            s["qkv_raw"][0, :m], s["qkv_raw"][1, :m] = raw / 2, raw / 2
+        elif stage == 4:
+            front = ref.attention_front(s["qkv_raw"][0, :m] + s["qkv_raw"][1, :m], w, a["positions"][:m])
+            a["qr_out"][: m * 1536].copy_(front.qr.flatten())
+            s["qr_codes"][:m], s["qr_scales"][:m] = front.qr_codes, front.qr_scales
+            ref.kv_insert(a["kv_cache"], front.records, a["slot_mapping"][:m], a["page_stride"], a["block_size"])
+        elif stage == 5:
+            s["q_raw"][:m] = ref.fp8_gemv(s["qr_codes"][:m], s["qr_scales"][:m], w.w_qb, w.s_qb, 1536)
+        elif stage == 6:
+            q = ref.q_heads(s["q_raw"][:m], w.rope, a["positions"][:m])
+            a["q_out"][: q.numel()].copy_(q.flatten())
+        a["sync"][0] += 1
+
+    return launch
+
+
+def _stage_run(stage: int, break_it: bool = False):
+    box: list = []
+    run = K1Run(8, random_weights(row_pad=256), row_pad=256, shuffled=False, device="cpu",
+                launcher=reference_stage_launcher(box, stage, 8, break_it))
+    box.append(run)
+    step = run.set_step(5, seed=stage, do_fold=1)
+    want = ref.k1(step.x, step.residual, step.post_mix, step.res_mix, True, run.w, step.positions)
+    prepare_stage(run, stage, step, want)
+    return run, step, want
+
+
+@pytest.mark.parametrize("stage", range(1, 7))
+def test_stage_harness_passes_a_stage_that_keeps_the_contract(stage):
+    run, step, want = _stage_run(stage)
+    before = run.cache.clone()
+    run.launch(step)
+    check_stage(run, stage, step, want, before)
+
+
+def test_stage_harness_catches_a_wrong_output_column():
+    run, step, want = _stage_run(3, break_it=True)
+    before = run.cache.clone()
+    run.launch(step)
+    with pytest.raises(AssertionError):
+        check_stage(run, 3, step, want, before)

@@ -124,9 +124,9 @@ def test_fold_against_loops():
 
 
 def test_seam_gate_against_loops():
-    m, h = 2, 16
+    m, h = 2, 256  # two 128-column chunks
     r = torch.randn(m, 4, h).to(torch.bfloat16)
-    fn, base, scale = torch.randn(24, 4 * h), torch.randn(24), torch.rand(3) + 0.5
+    fn, base, scale = torch.randn(24, 4 * h) * 0.05, torch.randn(24), torch.rand(3) + 0.5  # O(1) mixes
     gate = ref.seam_gate(r, fn, base, scale)
     for t in range(m):
         flat = r[t].flatten().double()
@@ -245,3 +245,16 @@ def test_e8m0_from_scale_is_exact_and_refuses_non_powers_of_two():
     assert torch.equal(ref.e8m0_from_scale(ref.e8m0_value(codes[1:])), codes[1:])
     with pytest.raises(ValueError, match="powers of two"):
         ref.e8m0_from_scale(torch.tensor([0.75]))
+
+
+def test_seam_partials_add_up_to_the_whole_row():
+    r = torch.randn(2, 4, 384).to(torch.bfloat16)
+    fn = torch.randn(24, 4 * 384)
+    partials = ref.seam_partials(r, fn)
+    assert partials.shape == (2, 3, 25)
+    flat = r.flatten(1).double()
+    torch.testing.assert_close(partials.double().sum(1)[:, :24], flat @ fn.double().T, rtol=1e-6, atol=1e-4)
+    torch.testing.assert_close(partials.double().sum(1)[:, 24], flat.pow(2).sum(-1), rtol=1e-6, atol=1e-4)
+    # chunk c covers columns 128c .. 128c + 127 of every stream
+    torch.testing.assert_close(partials[:, 1, 24].double(), r[:, :, 128:256].double().pow(2).sum((1, 2)),
+                               rtol=1e-6, atol=1e-4)

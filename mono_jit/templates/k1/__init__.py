@@ -26,8 +26,8 @@ fp8 tensors passed as their bytes, e.g. `weight.view(torch.uint8)`):
        q_out        [M, heads, 512] bf16  for K2's attention
   work sync         [K1Layout.sync_words] int32, zeroed once, owned by one bucket's K1
        work_f32     [K1Layout.f32_words] f32;  work_u8 [K1Layout.bytes] uint8
-  i32  m (clamped to 0..max_tokens), do_fold (0 on layer 0), qkv_stride, qkv_shuffled, qb_stride, qb_shuffled, page_stride,
-       block_size
+  i32  m (clamped to 0..max_tokens), do_fold (0 on layer 0), qkv_stride, qkv_shuffled,
+       qb_stride, qb_shuffled, page_stride, block_size
 
 Semantics are reference.k1's. Specialised by TP (the local heads of wq_b) and max tokens; not
 by ratio or top-k width: every layer type runs the same K1.

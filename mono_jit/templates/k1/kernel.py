@@ -41,7 +41,7 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 import torch
 from flydsl._mlir import ir
-from flydsl.expr import gpu, range_constexpr
+from flydsl.expr import const_expr, gpu, range_constexpr
 
 from ... import model
 from ...spec import Spec
@@ -254,7 +254,16 @@ def _gemv_reduce(accs, lds_acc, tid, wave, lane, waves_per_tile, row_tiles, out,
 
 # -- the kernel ------------------------------------------------------------------------------
 
-def make_kernel(lay: K1Layout):
+ALL_STAGES = frozenset(range(1, 7))
+
+
+def make_kernel(lay: K1Layout, stages: frozenset[int] = ALL_STAGES):
+    """The K1 kernel with the given stages (all of them for K1 itself).
+
+    A build with a subset is a standalone launch of those stages: a stage whose producer is
+    left out does not wait for it and reads its inputs from the buffers as the caller prepared
+    them, so each stage can be tested alone against its reference on a GPU (DESIGN.md).
+    """
     rows, heads, q_width, row_tiles = lay.rows, lay.heads, lay.q_width, lay.row_tiles
 
     @flyc.kernel
@@ -291,100 +300,112 @@ def make_kernel(lay: K1Layout):
         qr_mx = _Mxfp8Rows(u8x16, u8, lay.qr_codes, lay.qr_scales, Q_LORA)
 
         # ---- S1: fold and mix partials ------------------------------------------------------
-        stream = tid // SEAM_CHUNK
-        for task in range(cta, lay.s1_tasks, CTAS):
-            group, chunk = ad.s1_task(task)
-            col = chunk * SEAM_CHUNK + tid % SEAM_CHUNK
-            fn_view = flat_view(HcFn)
-            fn = [load_scalar(fn_view, k * STREAMS * H + stream * H + col, fx.Float32)
-                  for k in range_constexpr(MIXES)]
-            first = group * SEAM_GROUP
-            end = fx.min(first + SEAM_GROUP, m)
-            for row in range(first, end):
-                res_view = flat_view(Residual)
-                own = load_scalar(res_view, (row * STREAMS + stream) * H + col, fx.BFloat16).to(fx.Float32)
-                folded = load_global(PostMix, row * STREAMS + stream) * \
-                    load_scalar(flat_view(X), row * H + col, fx.BFloat16).to(fx.Float32)
-                for i in range_constexpr(STREAMS):
-                    r_i = load_scalar(res_view, (row * STREAMS + i) * H + col, fx.BFloat16).to(fx.Float32)
-                    folded = folded + load_global(ResMix, row * 16 + i * STREAMS + stream) * r_i
-                value = _bf16((do_fold != 0).select(folded, own))
-                gpu.barrier()  # every stream of this row is read before any is written: r_out may alias residual
-                store_scalar(flat_view(ROut), (row * STREAMS + stream) * H + col, value.to(fx.BFloat16),
-                             fx.BFloat16)
-                parts = [value * fn[k] for k in range_constexpr(MIXES)] + [value * value]
-                for k in range_constexpr(PARTIALS):
-                    total = wave_sum(parts[k])
-                    if lane == 0:
-                        fx.memref_store(total, red, k * WAVES + wave)
-                gpu.barrier()
-                if tid < PARTIALS:
-                    total = fx.memref_load(red, tid * WAVES)
-                    for w in range_constexpr(1, WAVES):
-                        total = total + fx.memref_load(red, tid * WAVES + w)
-                    store_scalar(f32, lay.partials + (row * SEAM_CHUNKS + chunk) * PARTIALS + tid, total,
-                                 fx.Float32)
-                gpu.barrier()
-            publish(Sync, lay.f1 + task, tag, tid)
+        if const_expr(1 in stages):
+            stream = tid // SEAM_CHUNK
+            for task in range(cta, lay.s1_tasks, CTAS):
+                group, chunk = ad.s1_task(task)
+                col = chunk * SEAM_CHUNK + tid % SEAM_CHUNK
+                fn_view = flat_view(HcFn)
+                fn = [load_scalar(fn_view, k * STREAMS * H + stream * H + col, fx.Float32)
+                      for k in range_constexpr(MIXES)]
+                first = group * SEAM_GROUP
+                end = fx.min(first + SEAM_GROUP, m)
+                for row in range(first, end):
+                    res_view = flat_view(Residual)
+                    own = load_scalar(res_view, (row * STREAMS + stream) * H + col, fx.BFloat16)
+                    own = own.to(fx.Float32)
+                    folded = load_global(PostMix, row * STREAMS + stream) * \
+                        load_scalar(flat_view(X), row * H + col, fx.BFloat16).to(fx.Float32)
+                    for i in range_constexpr(STREAMS):
+                        r_i = load_scalar(res_view, (row * STREAMS + i) * H + col, fx.BFloat16).to(fx.Float32)
+                        folded = folded + load_global(ResMix, row * 16 + i * STREAMS + stream) * r_i
+                    value = _bf16((do_fold != 0).select(folded, own))
+                    gpu.barrier()  # all streams of the row are read before any is written (r_out may alias)
+                    store_scalar(flat_view(ROut), (row * STREAMS + stream) * H + col, value.to(fx.BFloat16),
+                                 fx.BFloat16)
+                    parts = [value * fn[k] for k in range_constexpr(MIXES)] + [value * value]
+                    for k in range_constexpr(PARTIALS):
+                        total = wave_sum(parts[k])
+                        if lane == 0:
+                            fx.memref_store(total, red, k * WAVES + wave)
+                    gpu.barrier()
+                    if tid < PARTIALS:
+                        total = fx.memref_load(red, tid * WAVES)
+                        for w in range_constexpr(1, WAVES):
+                            total = total + fx.memref_load(red, tid * WAVES + w)
+                        store_scalar(f32, lay.partials + (row * SEAM_CHUNKS + chunk) * PARTIALS + tid, total,
+                                     fx.Float32)
+                    gpu.barrier()
+                publish(Sync, lay.f1 + task, tag, tid)
 
         # ---- S2: the seam's gate, collapse, attn_norm, MXFP8 ---------------------------------
-        for row in range(cta, rows, CTAS):
-            if row < m:
-                wait(Sync, lay.f1 + (row // SEAM_GROUP) * SEAM_CHUNKS, SEAM_CHUNKS, tag, tid)
-                if tid < PARTIALS:
-                    total = fx.Float32(0.0)
-                    for c in range_constexpr(SEAM_CHUNKS):
-                        total = total + load_scalar(f32, lay.partials + (row * SEAM_CHUNKS + c) * PARTIALS + tid,
-                                                    fx.Float32)
-                    fx.memref_store(total, gate, tid)
-                gpu.barrier()
-                if wave == 0:
-                    _seam_gate(gate, HcBase, HcScale, PostOut, CombOut, row, lane)
-                gpu.barrier()
-                pre = [fx.memref_load(gate, i) for i in range_constexpr(STREAMS)]
-                _collapse_norm_quant(ROut, AttnNorm, XNorm, pre, red, u8x8, u8, lay, row, tid, wave, lane)
-            publish(Sync, lay.f2 + row, tag, tid)
+        if const_expr(2 in stages):
+            for row in range(cta, rows, CTAS):
+                if row < m:
+                    if const_expr(1 in stages):
+                        wait(Sync, lay.f1 + (row // SEAM_GROUP) * SEAM_CHUNKS, SEAM_CHUNKS, tag, tid)
+                    if tid < PARTIALS:
+                        total = fx.Float32(0.0)
+                        for c in range_constexpr(SEAM_CHUNKS):
+                            at = lay.partials + (row * SEAM_CHUNKS + c) * PARTIALS + tid
+                            total = total + load_scalar(f32, at, fx.Float32)
+                        fx.memref_store(total, gate, tid)
+                    gpu.barrier()
+                    if wave == 0:
+                        _seam_gate(gate, HcBase, HcScale, PostOut, CombOut, row, lane)
+                    gpu.barrier()
+                    pre = [fx.memref_load(gate, i) for i in range_constexpr(STREAMS)]
+                    _collapse_norm_quant(ROut, AttnNorm, XNorm, pre, red, u8x8, u8, lay, row, tid, wave, lane)
+                publish(Sync, lay.f2 + row, tag, tid)
 
         # ---- S3: fused_wqa_wkv -------------------------------------------------------------
-        for task in range(cta, lay.s3_tasks, CTAS):
-            wait(Sync, lay.f2, m, tag, tid)
-            n0, part = ad.s3_task(task)
-            accs = _gemv_steps(w_qkv, x_mx, n0, ad.s3_steps(part, wave), lane, row_tiles)
-            _gemv_reduce(accs, lds_acc, tid, wave, lane, WAVES, row_tiles, f32, lay.qkv_raw + part * rows * QKV,
-                         QKV, n0, m)
-            publish(Sync, lay.f3 + task, tag, tid)
+        if const_expr(3 in stages):
+            for task in range(cta, lay.s3_tasks, CTAS):
+                if const_expr(2 in stages):
+                    wait(Sync, lay.f2, m, tag, tid)
+                n0, part = ad.s3_task(task)
+                accs = _gemv_steps(w_qkv, x_mx, n0, ad.s3_steps(part, wave), lane, row_tiles)
+                _gemv_reduce(accs, lds_acc, tid, wave, lane, WAVES, row_tiles, f32,
+                             lay.qkv_raw + part * rows * QKV, QKV, n0, m)
+                publish(Sync, lay.f3 + task, tag, tid)
 
         # ---- S4: q_norm, kv_norm, RoPE, KV insert ------------------------------------------
-        for row in range(cta, rows, CTAS):
-            if row < m:
-                wait(Sync, lay.f3, lay.s3_tasks, tag, tid)
-                _qr_norm_quant(f32x4, QNorm, QrOut, red, u8x8, u8, lay, row, tid, wave, lane)
-                if wave == Q_LORA // VEC // WAVE:
-                    _kv_insert(f32x4, KvNorm, Rope, Positions, SlotMapping, KvCache, lay, row, lane,
-                               page_stride, block_size)
-            publish(Sync, lay.f4 + row, tag, tid)
+        if const_expr(4 in stages):
+            for row in range(cta, rows, CTAS):
+                if row < m:
+                    if const_expr(3 in stages):
+                        wait(Sync, lay.f3, lay.s3_tasks, tag, tid)
+                    _qr_norm_quant(f32x4, QNorm, QrOut, red, u8x8, u8, lay, row, tid, wave, lane)
+                    if wave == Q_LORA // VEC // WAVE:
+                        _kv_insert(f32x4, KvNorm, Rope, Positions, SlotMapping, KvCache, lay, row, lane,
+                                   page_stride, block_size)
+                publish(Sync, lay.f4 + row, tag, tid)
 
         # ---- S5: wq_b ----------------------------------------------------------------------
-        for task in range(cta, lay.s5_tasks, CTAS):
-            wait(Sync, lay.f4, m, tag, tid)
-            tile_row, first = ad.s5_tile(task, wave)
-            accs = _gemv_steps(w_qb, qr_mx, tile_row, [(first + s, None) for s in range_constexpr(ad.S5_STEPS)],
-                               lane, row_tiles)
-            _gemv_reduce(accs, lds_acc, tid, wave, lane, ad.S5_WAVES_PER_TILE, row_tiles, f32, lay.q_raw, q_width,
-                         task * 2 * TILE_N, m)
-            publish(Sync, lay.f5 + task, tag, tid)
+        if const_expr(5 in stages):
+            for task in range(cta, lay.s5_tasks, CTAS):
+                if const_expr(4 in stages):
+                    wait(Sync, lay.f4, m, tag, tid)
+                tile_row, first = ad.s5_tile(task, wave)
+                steps = [(first + s, None) for s in range_constexpr(ad.S5_STEPS)]
+                accs = _gemv_steps(w_qb, qr_mx, tile_row, steps, lane, row_tiles)
+                _gemv_reduce(accs, lds_acc, tid, wave, lane, ad.S5_WAVES_PER_TILE, row_tiles, f32, lay.q_raw,
+                             q_width, task * 2 * TILE_N, m)
+                publish(Sync, lay.f5 + task, tag, tid)
 
         # ---- S6: per-head RMS and RoPE of q --------------------------------------------------
-        for task in range(cta, lay.s6_tasks, CTAS):
-            row = task // lay.head_groups
-            head = (task % lay.head_groups) * WAVES + wave
-            if row < m:
-                first_head = (task % lay.head_groups) * WAVES
-                wait(Sync, lay.f5 + first_head * lay.s5_tasks_per_head,
-                     fx.min(heads - first_head, WAVES) * lay.s5_tasks_per_head, tag, tid)
-                if head < heads:
-                    _q_head(f32x4, Rope, Positions, QOut, lay, row, head, lane)
-            gpu.barrier()
+        if const_expr(6 in stages):
+            for task in range(cta, lay.s6_tasks, CTAS):
+                row = task // lay.head_groups
+                head = (task % lay.head_groups) * WAVES + wave
+                if row < m:
+                    first_head = (task % lay.head_groups) * WAVES
+                    if const_expr(5 in stages):
+                        wait(Sync, lay.f5 + first_head * lay.s5_tasks_per_head,
+                             fx.min(heads - first_head, WAVES) * lay.s5_tasks_per_head, tag, tid)
+                    if head < heads:
+                        _q_head(f32x4, Rope, Positions, QOut, lay, row, head, lane)
+                gpu.barrier()
 
         leave(Sync, tag, CTAS, tid)
 
@@ -528,9 +549,9 @@ def _q_head(f32x4, Rope, Positions, QOut, lay, row, head, lane):
     store(flat_view(QOut, VEC), base // VEC + lane, _vec8(y, fx.BFloat16), fx.BFloat16, VEC)
 
 
-def build(spec: Spec) -> Build:
+def build(spec: Spec, stages: frozenset[int] = ALL_STAGES) -> Build:
     lay = K1Layout.of(spec)
-    kernel = make_kernel(lay)
+    kernel = make_kernel(lay, frozenset(stages))
 
     @flyc.jit
     def launch_k1(X: fx.Tensor, Residual: fx.Tensor, PostMix: fx.Tensor, ResMix: fx.Tensor,

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from ... import model
-from .layout import (EPS, KV_DATA, KV_LORA, KV_RECORD, KV_SCALE_BLOCK, MX_BLOCK, NOPE, Q_LORA, ROPE,
-                     STREAMS, WEIGHT_BLOCK, HEAD_DIM)
+from .layout import (EPS, HEAD_DIM, KV_DATA, KV_LORA, KV_RECORD, KV_SCALE_BLOCK, MX_BLOCK, NOPE, Q_LORA, ROPE,
+                     SEAM_CHUNK, STREAMS, WEIGHT_BLOCK)
 
 E4M3_MAX = 448.0
 SINKHORN_ROUNDS = 20
@@ -161,11 +161,27 @@ class Gate:
     comb: torch.Tensor  # [M, 4, 4]
 
 
+def seam_partials(r: torch.Tensor, fn: torch.Tensor) -> torch.Tensor:
+    """[M, 56, 25]: per 128-column chunk (all four streams), the 24 dot products of R with
+    hc_fn and the sum of squares; what S1 leaves for S2, which adds the chunks in order."""
+    m, streams, h = r.shape
+    chunks = h // SEAM_CHUNK
+    rc = r.to(torch.float64).view(m, streams, chunks, SEAM_CHUNK)
+    dots = torch.einsum("msck,nsck->mcn", rc, fn.to(torch.float64).view(-1, streams, chunks, SEAM_CHUNK))
+    squares = rc.pow(2).sum((1, 3)).unsqueeze(-1)
+    return torch.cat([dots, squares], dim=-1).float()
+
+
 def seam_gate(r: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
               eps: float = EPS) -> Gate:
     """The 24 mixes of R [M, 4, H] and the gate built from them (MODEL.md, mHC seam)."""
-    flat = r.flatten(1).to(torch.float32)
-    mixes = flat.double().matmul(fn.double().T).float() * torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + eps)
+    return gate_from_sums(seam_partials(r, fn).double().sum(1).float(), r[0].numel(), base, scale, eps)
+
+
+def gate_from_sums(sums: torch.Tensor, width: int, base: torch.Tensor, scale: torch.Tensor,
+                   eps: float = EPS) -> Gate:
+    """The gate from [M, 25] sums (24 dot products, then the sum of squares over `width` values)."""
+    mixes = sums[:, :24] * torch.rsqrt(sums[:, 24:] / width + eps)
     pre = torch.sigmoid(mixes[:, 0:4] * scale[0] + base[0:4]) + eps
     post = torch.sigmoid(mixes[:, 4:8] * scale[1] + base[4:8]) * HC_POST_ALPHA
     logits = (mixes[:, 8:24] * scale[2] + base[8:24]).view(-1, STREAMS, STREAMS)
@@ -257,26 +273,61 @@ class K1Outputs:
     q: torch.Tensor  # [M, heads, 512] bf16
     kv: torch.Tensor  # [M, 512] f32: the record's content (normed, RoPE'd), before quantisation
     records: torch.Tensor  # [M, 584] what the insert writes
+    # What one stage hands the next (K1Layout's scratch), for testing the stages one by one:
+    partials: torch.Tensor  # [M, 56, 25] S1 -> S2
+    x_codes: torch.Tensor  # [M, H] e4m3 bytes, S2 -> S3
+    x_scales: torch.Tensor  # [M, 224] E8M0
+    qkv_raw: torch.Tensor  # [M, 2048] f32, S3 -> S4 (the kernel keeps it as two K halves)
+    qr_codes: torch.Tensor  # [M, 1536], S4 -> S5
+    qr_scales: torch.Tensor  # [M, 48]
+    q_raw: torch.Tensor  # [M, heads x 512] f32, S5 -> S6
 
 
-def k1(x: torch.Tensor, residual: torch.Tensor, post_mix: torch.Tensor, res_mix: torch.Tensor,
-       do_fold: bool, w: K1Weights, positions: torch.Tensor) -> K1Outputs:
-    """All of K1 for M rows (the cache insert is kv_insert(cache, out.records, slot_mapping, ...))."""
-    r = fold(x, residual, post_mix, res_mix, do_fold)
-    gate = seam_gate(r, w.hc_fn, w.hc_base, w.hc_scale)
-    x_norm = rms_norm(collapse(r, gate.pre), w.attn_norm)
-    x_codes, x_scales = mxfp8_quantize(x_norm)
-    qkv = fp8_gemv(x_codes, x_scales, w.w_qkv, w.s_qkv, model.HIDDEN, w.qkv_shuffled).to(torch.bfloat16)
+@dataclass
+class Front:
+    """S4's results from the raw S3 output."""
+
+    qr: torch.Tensor
+    qr_codes: torch.Tensor
+    qr_scales: torch.Tensor
+    kv: torch.Tensor
+    records: torch.Tensor
+
+
+def attention_front(qkv_raw: torch.Tensor, w: K1Weights, positions: torch.Tensor) -> Front:
+    """S4: q_norm on qr (and its MXFP8), kv_norm, RoPE on kv's last 64 dims, the KV record."""
+    qkv = qkv_raw.to(torch.bfloat16)
     qr = rms_norm(qkv[:, :Q_LORA], w.q_norm)
     kv = rms_norm(qkv[:, Q_LORA:Q_LORA + KV_LORA], w.kv_norm)
     cos, sin = rope_angles(w.rope, positions)
     kv = torch.cat([kv[:, :NOPE].to(torch.float32), rope_gptj(kv[:, NOPE:], cos, sin)], dim=1)
     kv = kv.to(torch.bfloat16).to(torch.float32)
     qr_codes, qr_scales = mxfp8_quantize(qr)
-    heads = w.w_qb.shape[0] // HEAD_DIM
-    q_lin = fp8_gemv(qr_codes, qr_scales, w.w_qb, w.s_qb, Q_LORA, w.qb_shuffled).to(torch.bfloat16)
-    q = q_lin.view(-1, heads, HEAD_DIM).to(torch.float32)
+    return Front(qr, qr_codes, qr_scales, kv, kv_record(kv))
+
+
+def q_heads(q_raw: torch.Tensor, rope: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """S6: bf16(q_raw) per 512-wide head RMS-normalised (no weight), RoPE on dims 448..511."""
+    cos, sin = rope_angles(rope, positions)
+    q = q_raw.to(torch.bfloat16).view(q_raw.shape[0], -1, HEAD_DIM).to(torch.float32)
     q = q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + EPS)
     q[..., NOPE:] = rope_gptj(q[..., NOPE:], cos.unsqueeze(1), sin.unsqueeze(1))
-    return K1Outputs(r=r, post=gate.post, comb=gate.comb, x_norm=x_norm, qr=qr,
-                     q=q.to(torch.bfloat16), kv=kv, records=kv_record(kv))
+    return q.to(torch.bfloat16)
+
+
+def k1(x: torch.Tensor, residual: torch.Tensor, post_mix: torch.Tensor, res_mix: torch.Tensor,
+       do_fold: bool, w: K1Weights, positions: torch.Tensor) -> K1Outputs:
+    """All of K1 for M rows, stage by stage (the cache insert is kv_insert(cache, out.records,
+    slot_mapping, ...))."""
+    r = fold(x, residual, post_mix, res_mix, do_fold)  # S1
+    partials = seam_partials(r, w.hc_fn)
+    gate = gate_from_sums(partials.double().sum(1).float(), r[0].numel(), w.hc_base, w.hc_scale)  # S2
+    x_norm = rms_norm(collapse(r, gate.pre), w.attn_norm)
+    x_codes, x_scales = mxfp8_quantize(x_norm)
+    qkv_raw = fp8_gemv(x_codes, x_scales, w.w_qkv, w.s_qkv, model.HIDDEN, w.qkv_shuffled)  # S3
+    front = attention_front(qkv_raw, w, positions)  # S4
+    q_raw = fp8_gemv(front.qr_codes, front.qr_scales, w.w_qb, w.s_qb, Q_LORA, w.qb_shuffled)  # S5
+    return K1Outputs(r=r, post=gate.post, comb=gate.comb, x_norm=x_norm, qr=front.qr,
+                     q=q_heads(q_raw, w.rope, positions), kv=front.kv, records=front.records,  # S6
+                     partials=partials, x_codes=x_codes, x_scales=x_scales, qkv_raw=qkv_raw,
+                     qr_codes=front.qr_codes, qr_scales=front.qr_scales, q_raw=q_raw)
