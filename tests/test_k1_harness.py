@@ -93,7 +93,7 @@ def reference_stage_launcher(run_box: list, stage: int, bucket: int, break_it: b
             s["partials"][:m].copy_(ref.seam_partials(r, w.hc_fn))
         elif stage == 2:
             r = a["r_out"][: m * 4 * H].view(m, 4, H)
-            gate = ref.gate_from_sums(s["partials"][:m].double().sum(1).float(), 4 * H, w.hc_base, w.hc_scale)
+            gate = ref.gate_from_partials(s["partials"][:m], 4 * H, w.hc_base, w.hc_scale)
             x_norm = ref.rms_norm(ref.collapse(r, gate.pre), w.attn_norm)
             codes, scales = ref.mxfp8_quantize(x_norm)
             a["post_out"][: m * 4].copy_(gate.post.flatten())

@@ -157,8 +157,9 @@ def _qkv_raw8(f32x4, lay, row, col):
     return [first[e] + second[e] for e in range_constexpr(VEC)]
 
 
-def _vec8(values, dtype):
-    return fx.Vector.from_elements([v.to(dtype) if dtype is not fx.Float32 else v for v in values], dtype)
+def _bf16x8(values):
+    """Eight f32 scalars as one bf16 vector (for a 16-byte store)."""
+    return fx.Vector.from_elements([v.to(fx.BFloat16) for v in values], fx.BFloat16)
 
 
 # -- the scaled-MFMA GEMV tile ---------------------------------------------------------------
@@ -312,13 +313,13 @@ def make_kernel(lay: K1Layout, stages: frozenset[int] = ALL_STAGES):
                 end = fx.min(first + SEAM_GROUP, m)
                 for row in range(first, end):
                     res_view = flat_view(Residual)
-                    own = load_scalar(res_view, (row * STREAMS + stream) * H + col, fx.BFloat16)
-                    own = own.to(fx.Float32)
                     folded = load_global(PostMix, row * STREAMS + stream) * \
                         load_scalar(flat_view(X), row * H + col, fx.BFloat16).to(fx.Float32)
+                    own = fx.Float32(0.0)  # this thread's stream, picked from the four it reads
                     for i in range_constexpr(STREAMS):
                         r_i = load_scalar(res_view, (row * STREAMS + i) * H + col, fx.BFloat16).to(fx.Float32)
                         folded = folded + load_global(ResMix, row * 16 + i * STREAMS + stream) * r_i
+                        own = (stream == i).select(r_i, own)
                     value = _bf16((do_fold != 0).select(folded, own))
                     gpu.barrier()  # all streams of the row are read before any is written (r_out may alias)
                     store_scalar(flat_view(ROut), (row * STREAMS + stream) * H + col, value.to(fx.BFloat16),
@@ -477,7 +478,7 @@ def _collapse_norm_quant(ROut, AttnNorm, XNorm, pre, red, u8x8, u8, lay, row, ti
         w = load_global(AttnNorm, at * VEC, VEC).to(fx.Float32)
         y = [_bf16(mixed[e] * inv * w[e]) for e in range_constexpr(VEC)]
         if valid:
-            store(out8, row * ROW_CHUNKS + at, _vec8(y, fx.BFloat16), fx.BFloat16, VEC)
+            store(out8, row * ROW_CHUNKS + at, _bf16x8(y), fx.BFloat16, VEC)
         _mx_store(y, u8x8, u8, lay.x_codes + row * H, lay.x_scales + row * (H // MX_BLOCK), at, valid)
 
 
@@ -496,7 +497,7 @@ def _qr_norm_quant(f32x4, QNorm, QrOut, red, u8x8, u8, lay, row, tid, wave, lane
     w = load_global(QNorm, at * VEC, VEC).to(fx.Float32)
     y = [_bf16(v[e] * inv * w[e]) for e in range_constexpr(VEC)]
     if valid:
-        store(flat_view(QrOut, VEC), row * chunks + at, _vec8(y, fx.BFloat16), fx.BFloat16, VEC)
+        store(flat_view(QrOut, VEC), row * chunks + at, _bf16x8(y), fx.BFloat16, VEC)
     _mx_store(y, u8x8, u8, lay.qr_codes + row * Q_LORA, lay.qr_scales + row * (Q_LORA // MX_BLOCK), at, valid)
 
 
@@ -528,7 +529,7 @@ def _kv_insert(f32x4, KvNorm, Rope, Positions, SlotMapping, KvCache, lay, row, l
             if lane % per_block == 0:
                 fx.generic_store(cache + (scales + lane // per_block), code.to(fx.Uint8))
         else:
-            rope_bytes = _vec8(y, fx.BFloat16).bitcast(fx.Uint8)
+            rope_bytes = _bf16x8(y).bitcast(fx.Uint8)
             fx.generic_store(cache + (record + NOPE + (lane - nope_lanes) * 2 * VEC), rope_bytes)
 
 
@@ -546,7 +547,7 @@ def _q_head(f32x4, Rope, Positions, QOut, lay, row, head, lane):
     position = load_global(Positions, row).to(fx.Int32)
     rotated = _rope8(y, Rope, position, fx.max((lane - nope_lanes) * (VEC // 2), 0))
     y = [(lane >= nope_lanes).select(rotated[e], y[e]) for e in range_constexpr(VEC)]
-    store(flat_view(QOut, VEC), base // VEC + lane, _vec8(y, fx.BFloat16), fx.BFloat16, VEC)
+    store(flat_view(QOut, VEC), base // VEC + lane, _bf16x8(y), fx.BFloat16, VEC)
 
 
 def build(spec: Spec, stages: frozenset[int] = ALL_STAGES) -> Build:

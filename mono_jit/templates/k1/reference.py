@@ -175,12 +175,14 @@ def seam_partials(r: torch.Tensor, fn: torch.Tensor) -> torch.Tensor:
 def seam_gate(r: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
               eps: float = EPS) -> Gate:
     """The 24 mixes of R [M, 4, H] and the gate built from them (MODEL.md, mHC seam)."""
-    return gate_from_sums(seam_partials(r, fn).double().sum(1).float(), r[0].numel(), base, scale, eps)
+    return gate_from_partials(seam_partials(r, fn), r[0].numel(), base, scale, eps)
 
 
-def gate_from_sums(sums: torch.Tensor, width: int, base: torch.Tensor, scale: torch.Tensor,
-                   eps: float = EPS) -> Gate:
-    """The gate from [M, 25] sums (24 dot products, then the sum of squares over `width` values)."""
+def gate_from_partials(partials: torch.Tensor, width: int, base: torch.Tensor, scale: torch.Tensor,
+                       eps: float = EPS) -> Gate:
+    """The gate from [M, chunks, 25] partials (24 dot products, then the sum of squares; the row
+    has `width` values), added over the chunks as S2 does."""
+    sums = partials.double().sum(1).float()
     mixes = sums[:, :24] * torch.rsqrt(sums[:, 24:] / width + eps)
     pre = torch.sigmoid(mixes[:, 0:4] * scale[0] + base[0:4]) + eps
     post = torch.sigmoid(mixes[:, 4:8] * scale[1] + base[4:8]) * HC_POST_ALPHA
@@ -321,7 +323,7 @@ def k1(x: torch.Tensor, residual: torch.Tensor, post_mix: torch.Tensor, res_mix:
     slot_mapping, ...))."""
     r = fold(x, residual, post_mix, res_mix, do_fold)  # S1
     partials = seam_partials(r, w.hc_fn)
-    gate = gate_from_sums(partials.double().sum(1).float(), r[0].numel(), w.hc_base, w.hc_scale)  # S2
+    gate = gate_from_partials(partials, r[0].numel(), w.hc_base, w.hc_scale)  # S2
     x_norm = rms_norm(collapse(r, gate.pre), w.attn_norm)
     x_codes, x_scales = mxfp8_quantize(x_norm)
     qkv_raw = fp8_gemv(x_codes, x_scales, w.w_qkv, w.s_qkv, model.HIDDEN, w.qkv_shuffled)  # S3
