@@ -30,7 +30,8 @@ def random_weights(tp: int = 8, positions: int = 64, seed: int = 0, row_pad: int
         hc_scale=torch.rand(3, generator=g) + 0.5,
         attn_norm=(1 + 0.1 * torch.randn(H, generator=g)).to(torch.bfloat16),
         w_qkv=fp8(2048, H), s_qkv=torch.randint(118, 122, (16, 56), generator=g, dtype=torch.uint8),
-        q_norm=torch.ones(1536, dtype=torch.bfloat16), kv_norm=torch.ones(512, dtype=torch.bfloat16),
+        q_norm=(1 + 0.2 * torch.randn(1536, generator=g)).to(torch.bfloat16),
+        kv_norm=(1 + 0.2 * torch.randn(512, generator=g)).to(torch.bfloat16),
         w_qb=fp8(heads * 512, 1536), s_qb=torch.randint(118, 122, (heads * 4, 12), generator=g, dtype=torch.uint8),
         rope=rope_table(positions, g))
 

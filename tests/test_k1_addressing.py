@@ -1,11 +1,14 @@
 """K1's index arithmetic (templates/k1/addressing.py, the same functions the kernel's address
-code is traced from) run on the CPU: the two GEMV stages are emulated MFMA by MFMA, lane by
-lane, through those functions and compared with the reference; the preshuffle and KV-record
-offsets are checked against the reference layouts. A wrong lane map, task decode or split-K
-slot shows up here as wrong or missing outputs."""
+code is traced from) run on the CPU: the two GEMV stages are emulated MFMA by MFMA through
+those functions, with operand bytes gathered from flat buffers at the offsets the kernel loads,
+and multiplied by an independent model of the scaled MFMA (tests/mfma_model.py, tables from
+vLLM's in-tree mono kernels, AITER and Triton). A wrong lane map, piece offset, scale index,
+task decode or split-K slot shows up as wrong or missing outputs; so does the operand layout an
+earlier K1 used (32 contiguous K a lane), which a test here keeps failing on purpose."""
 
 from __future__ import annotations
 
+import mfma_model
 import pytest
 import torch
 
@@ -29,40 +32,42 @@ class Fp8Weight:
         else:
             self.flat = torch.cat([plain, torch.full((n, pad), 0x7F, dtype=torch.uint8)], dim=1).flatten()
 
-    def operand(self, rows: torch.Tensor, k0: torch.Tensor) -> torch.Tensor:
-        """[64, 32] f32 values of each lane's 32 bytes."""
+    def offset(self, rows: torch.Tensor, k0: torch.Tensor) -> torch.Tensor:
         if self.shuffled:
-            lo, hi = ad.preshuffled_offset(rows, k0, self.k), ad.preshuffled_offset(rows, k0 + 16, self.k)
-        else:
-            lo = rows * self.stride + k0
-            hi = lo + 16
-        index = torch.cat([lo[:, None] + BYTES16, hi[:, None] + BYTES16], dim=1)
-        return ref.e4m3_value(self.flat[index])
+            return ad.preshuffled_offset(rows, k0, self.k)
+        return ad.row_major_offset(rows, k0, self.stride)
 
 
-# The hardware, modelled independently of addressing.py: FlyDSL's CDNA4 MFMA_Scale atom
-# (lib/Dialect/FlyROCDL/CDNA4/MmaAtom.cpp) lays operand lane l out as row l % 16, K values
-# 32 (l / 16) .. + 31, and result lane l element e as D[4 (l / 16) + e, l % 16].
-HW_ROW, HW_K = LANES % 16, (LANES // 16) * 32
-HW_D_ROW, HW_D_COL = (LANES[:, None] // 16) * 4 + torch.arange(4)[None, :], (LANES % 16)[:, None].expand(64, 4)
+def _pieces(flat: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """[64, 32] bytes: each lane's 16 bytes at `low` then its 16 at `high` (as kernel._operand)."""
+    return torch.cat([flat[low[:, None] + BYTES16], flat[high[:, None] + BYTES16]], dim=1)
 
 
-def _lane_tile(values: torch.Tensor) -> torch.Tensor:
-    """The 16 x 128 operand the hardware forms from per-lane [64, 32] values."""
-    tile = torch.zeros(16, 128, dtype=torch.float64)
-    tile[HW_ROW[:, None], HW_K[:, None] + torch.arange(32)] = values.double()
-    return tile
+class Mxfp8Scratch:
+    """MXFP8 rows in a flat byte scratch at the layout's offsets; rows past m hold 0x7F (NaN)
+    garbage, as never-written scratch may."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, m: int, operand_rows: int, k: int):
+        self.k, self.codes_at, self.scales_at = k, 0, operand_rows * k
+        self.flat = torch.full((operand_rows * (k + k // 32),), 0x7F, dtype=torch.uint8)
+        self.flat[: m * k] = codes[:m].flatten()
+        self.flat[self.scales_at: self.scales_at + m * (k // 32)] = scales[:m].flatten()
+
+    def operand(self, token, step):
+        low, high = ad.operand_pieces(step, LANES)
+        codes = _pieces(self.flat, ad.mx_code_offset(self.codes_at, token, low, self.k),
+                        ad.mx_code_offset(self.codes_at, token, high, self.k))
+        scales = self.flat[ad.mx_scale_offset(self.scales_at, token, ad.operand_block(step, LANES), self.k)]
+        return codes, scales
 
 
-def emulate_gemv(weight: Fp8Weight, x_codes, x_scales, k, m, row_tiles, tasks, wave_work, waves_per_tile,
+def emulate_gemv(weight: Fp8Weight, acts: Mxfp8Scratch, m, row_tiles, tasks, wave_work, waves_per_tile,
                  out_width, parts=1):
     """The kernel's GEMV stage: per task and wave, MFMAs over its K steps; per task, the split-K
     sum of its waves through the LDS slots; outputs [parts, tokens, out_width] and write counts."""
     tokens = row_tiles * 16
     out = torch.zeros(parts, tokens, out_width, dtype=torch.float64)
     writes = torch.zeros(parts, tokens, out_width, dtype=torch.int64)
-    x = ref.e4m3_value(x_codes)
-    row_in_tile = ad.operand_lane(LANES)[0]
     tiles = WAVES // waves_per_tile
     slots = torch.arange(((tiles * row_tiles * 256 + THREADS - 1) // THREADS) * THREADS)
     tile, t, src_lane, e, real = ad.split_k_sum(slots, waves_per_tile, row_tiles)
@@ -70,20 +75,18 @@ def emulate_gemv(weight: Fp8Weight, x_codes, x_scales, k, m, row_tiles, tasks, w
         lds = torch.zeros(WAVES * row_tiles * 64 * 4, dtype=torch.float64)
         for wave in range(WAVES):
             w_row, steps, part = wave_work(task, wave)
-            rows = w_row + row_in_tile
-            accs = torch.zeros(row_tiles, 16, 16, dtype=torch.float64)
+            rows = w_row + ad.operand_row(LANES)
+            accs = [torch.zeros(64, 4, dtype=torch.float64) for _ in range(row_tiles)]
             for step, keep in steps:
-                k0 = ad.step_k(step, LANES)
+                low, high = ad.operand_pieces(step, LANES)
+                a = _pieces(weight.flat, weight.offset(rows, low), weight.offset(rows, high))
                 scale_a = weight.scales[ad.block_scale_index(rows, step, weight.k)]
-                a_tile = _lane_tile(weight.operand(rows, k0) * ref.e8m0_value(scale_a)[:, None])
                 for rt in range(row_tiles):
-                    token = rt * 16 + row_in_tile
-                    b = x[token[:, None], k0[:, None] + torch.arange(32)] * ref.e8m0_value(x_scales[token, k0 // 32])[:, None]
-                    if keep is None or keep:
-                        accs[rt] += a_tile @ _lane_tile(b).T  # D[weight row, token]
+                    b, scale_b = acts.operand(ad.operand_token(rt, LANES), step)
+                    acc = mfma_model.mfma(a, scale_a, b, scale_b, accs[rt])
+                    accs[rt] = acc if keep is None or keep else accs[rt]
             for rt in range(row_tiles):
-                lds[ad.lds_acc_slot(wave, rt, LANES[:, None], torch.arange(4)[None, :], row_tiles)] = \
-                    accs[rt][HW_D_ROW, HW_D_COL]
+                lds[ad.lds_acc_slot(wave, rt, LANES[:, None], torch.arange(4)[None, :], row_tiles)] = accs[rt]
         n0, _, part = wave_work(task, 0)
         total = sum(lds[ad.lds_acc_slot(tile * waves_per_tile + w, t, src_lane, e, row_tiles).clamp_max(lds.numel() - 1)]
                     for w in range(waves_per_tile))
@@ -97,50 +100,76 @@ def emulate_gemv(weight: Fp8Weight, x_codes, x_scales, k, m, row_tiles, tasks, w
 
 
 def _problem(n, k, m, seed):
+    """A weight with per-block codes and activations whose per-32 codes differ inside every
+    128-step (each 32-block scaled by its own power of two), the case a misplaced scale breaks."""
     g = torch.Generator().manual_seed(seed)
     plain = (torch.randn(n, k, generator=g) * 16).to(torch.float8_e4m3fn).view(torch.uint8)
     scales = torch.randint(118, 124, (n // 128, k // 128), generator=g, dtype=torch.uint8)
-    x_codes, x_scales = ref.mxfp8_quantize(torch.randn(16, k, generator=g))  # a full row tile of tokens
+    x = torch.randn(m, k, generator=g) * torch.exp2(torch.randint(-6, 7, (m, k // 32, 1), generator=g).float()).repeat_interleave(32, 1).squeeze(-1)
+    x_codes, x_scales = ref.mxfp8_quantize(x)
+    assert (x_scales.view(m, -1, 4).amax(-1) != x_scales.view(m, -1, 4).amin(-1)).float().mean() > 0.9
     return plain, scales, x_codes, x_scales
 
 
-@pytest.mark.parametrize("shuffled", [False, True])
-def test_s3_emulated_through_the_kernels_addressing_matches_the_reference(shuffled):
-    m = 5
-    plain, scales, x_codes, x_scales = _problem(QKV, H, m, seed=3)
+def _s3(m, shuffled, seed=3):
+    plain, scales, x_codes, x_scales = _problem(QKV, H, m, seed)
     weight = Fp8Weight(plain, scales, H, pad=256, shuffled=shuffled)
+    lay = K1Layout(8, m)
+    acts = Mxfp8Scratch(x_codes, x_scales, m, lay.operand_rows, H)
 
     def wave_work(task, wave):
         n0, part = ad.s3_task(task)
         return n0, ad.s3_steps(part, wave), part
 
-    lay = K1Layout(8, m)
-    out, writes = emulate_gemv(weight, x_codes, x_scales, H, m, lay.row_tiles, lay.s3_tasks, wave_work, WAVES,
-                               QKV, parts=2)
-    assert writes[:, :m].eq(1).all() and writes[:, m:].eq(0).all(), "each output once per K half"
-    want = ref.fp8_gemv(x_codes[:m], x_scales[:m], plain, scales, H).double()
-    torch.testing.assert_close(out[0, :m] + out[1, :m], want, rtol=1e-6, atol=1e-5)  # f32 reference
+    out, writes = emulate_gemv(weight, acts, m, lay.row_tiles, lay.s3_tasks, wave_work, WAVES, QKV, parts=2)
+    want = ref.fp8_gemv(x_codes, x_scales, plain, scales, H).double()
+    return out, writes, want
 
 
-@pytest.mark.parametrize("shuffled", [False, True])
-def test_s5_emulated_through_the_kernels_addressing_matches_the_reference(shuffled):
-    m, q_width = 3, 16 * 512
-    plain, scales, x_codes, x_scales = _problem(q_width, 1536, m, seed=4)
+def _s5(m, shuffled, seed=4, emulate_tasks=32):
+    q_width = 16 * 512
+    plain, scales, x_codes, x_scales = _problem(q_width, 1536, m, seed)
     weight = Fp8Weight(plain, scales, 1536, pad=256, shuffled=shuffled)
+    lay = K1Layout(8, m)
+    assert lay.s5_tasks == CTAS
+    acts = Mxfp8Scratch(x_codes, x_scales, m, lay.operand_rows, 1536)
 
     def wave_work(task, wave):
         row, first = ad.s5_tile(task, wave)
         return row, [(first + s, None) for s in range(ad.S5_STEPS)], 0
 
-    lay = K1Layout(8, m)
-    assert lay.s5_tasks == CTAS
-    emulate_tasks = 32  # the first 32 tasks (two heads) keep the emulation quick
-    out, writes = emulate_gemv(weight, x_codes, x_scales, 1536, m, lay.row_tiles, emulate_tasks, wave_work,
-                               ad.S5_WAVES_PER_TILE, q_width)
-    covered = emulate_tasks * 32
+    out, writes = emulate_gemv(weight, acts, m, lay.row_tiles, emulate_tasks, wave_work, ad.S5_WAVES_PER_TILE,
+                               q_width)
+    want = ref.fp8_gemv(x_codes, x_scales, plain, scales, 1536).double()
+    return out, writes, want
+
+
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_s3_through_the_kernels_addressing_and_the_mfma_model_matches_the_reference(shuffled):
+    m = 5
+    out, writes, want = _s3(m, shuffled)
+    assert writes[:, :m].eq(1).all() and writes[:, m:].eq(0).all(), "each output once per K half"
+    torch.testing.assert_close(out[0, :m] + out[1, :m], want, rtol=1e-6, atol=1e-5)  # f32 reference
+
+
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_s5_through_the_kernels_addressing_and_the_mfma_model_matches_the_reference(shuffled):
+    m, covered = 3, 32 * 32  # the first 32 tasks (two heads) keep the emulation quick
+    out, writes, want = _s5(m, shuffled)
     assert writes[0, :m, :covered].eq(1).all() and writes[0, :, covered:].eq(0).all()
-    want = ref.fp8_gemv(x_codes[:m], x_scales[:m], plain, scales, 1536).double()
     torch.testing.assert_close(out[0, :m, :covered], want[:, :covered], rtol=1e-6, atol=1e-5)
+
+
+def test_the_mfma_model_rejects_the_contiguous_32_layout(monkeypatch):
+    """The layout K1 had before (lane group g: K 32 g .. 32 g + 31 of the step, with block g's
+    scale) puts the activations' per-32 scales on the wrong K under the hardware's layout; the
+    model must see that (about 28 % relative error on realistic activations, k1-review F1)."""
+    monkeypatch.setattr(ad, "operand_pieces", lambda step, lane: (step * 128 + (lane // 16) * 32,
+                                                                   step * 128 + (lane // 16) * 32 + 16))
+    m = 2
+    out, _, want = _s5(m, shuffled=False, emulate_tasks=4)
+    got, expected = out[0, :m, :128], want[:, :128]
+    assert (got - expected).norm() / expected.norm() > 0.05
 
 
 def test_every_s5_task_owns_two_distinct_tiles_and_all_k_steps():

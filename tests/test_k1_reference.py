@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from fractions import Fraction
 
@@ -184,14 +186,14 @@ def test_kv_insert_writes_pages_and_skips_minus_one():
     for rec, slot in zip(records, slots.tolist()):
         if slot >= 0:
             got = ref.kv_read(cache, slot, stride, block)
-            assert torch.equal(got[:583], rec[:583])
-            assert int(got[583]) == 0xAB  # the pad byte is not the insert's
+            assert torch.equal(got, rec)
+            assert int(got[583]) == 0  # the pad byte, written 0 as vLLM's insert writes it
     written = torch.zeros_like(cache, dtype=torch.bool)
     for slot in (5, 0, 11):
         page, row = divmod(slot, block)
         written[page * stride + row * 576: page * stride + (row + 1) * 576] = True
         s = page * stride + block * 576 + row * 8
-        written[s:s + 7] = True
+        written[s:s + 8] = True
     assert cache[~written].eq(0xAB).all(), "bytes outside the three records changed (the -1 row wrote?)"
 
 
@@ -202,13 +204,18 @@ def test_k1_reference_end_to_end_invariants():
     out = ref.k1(x, residual, post_mix, res_mix, True, w, torch.tensor([0, 17, 63]))
     assert out.q.shape == (m, 16, 512) and out.qr.shape == (m, 1536) and out.x_norm.shape == (m, H)
     torch.testing.assert_close(out.comb.sum(-2), torch.ones(m, 4), atol=1e-5, rtol=0)
-    # q_norm / kv_norm / head RMS with unit weights: RMS 1 (RoPE rotates pairs, keeping norms).
-    torch.testing.assert_close(out.qr.float().pow(2).mean(-1), torch.ones(m), atol=2e-2, rtol=0)
+    # q_norm / kv_norm (random weights) and the head RMS: RMS 1 once the weight is divided out
+    # and kv's RoPE is rotated back (RoPE rotates pairs, keeping norms).
+    torch.testing.assert_close((out.qr.float() / w.q_norm.float()).pow(2).mean(-1), torch.ones(m), atol=3e-2, rtol=0)
     torch.testing.assert_close(out.q.float().pow(2).mean(-1), torch.ones(m, 16), atol=2e-2, rtol=0)
-    torch.testing.assert_close(out.kv.pow(2).mean(-1), torch.ones(m), atol=2e-2, rtol=0)
+    cos, sin = ref.rope_angles(w.rope, torch.tensor([0, 17, 63]))
+    kv = torch.cat([out.kv[:, :448], ref.rope_gptj(out.kv[:, 448:], cos, -sin)], dim=1) / w.kv_norm.float()
+    torch.testing.assert_close(kv.pow(2).mean(-1), torch.ones(m), atol=3e-2, rtol=0)
     back = ref.kv_dequantize(out.records)
     torch.testing.assert_close(back, out.kv, atol=0.1, rtol=0.07)
-    assert torch.equal(ref.k1(x, residual, post_mix, res_mix, False, w, torch.zeros(m, dtype=torch.long)).r, residual)
+    # Layer 0: vLLM passes the bf16 x [M, 4, H] in the x, post_mix and res_mix slots; unread.
+    layer0 = residual.clone()
+    assert torch.equal(ref.k1(layer0, residual, layer0, layer0, False, w, torch.zeros(m, dtype=torch.long)).r, residual)
 
 
 @pytest.mark.parametrize("rows", [1, 16, 64])
@@ -220,7 +227,7 @@ def test_layout_offsets_are_aligned_and_disjoint(rows):
     assert f32_regions == sorted(f32_regions) and byte_regions == sorted(byte_regions)
     assert all(o % 8 == 0 for o in f32_regions[1:3])  # 8-wide f32 loads
     assert all(o % 16 == 0 for o in (lay.x_codes, lay.qr_codes))  # 16-byte MFMA operand loads
-    assert lay.sync_words == 2 + lay.s1_tasks + rows + 256 + rows + 256
+    assert lay.sync_words == 3 + lay.s1_tasks + rows + 256 + rows + 256  # epoch, exit, arrival, flags
 
 
 def test_preshuffle_matches_aiters_index_formula_and_round_trips():
@@ -258,3 +265,44 @@ def test_seam_partials_add_up_to_the_whole_row():
     # chunk c covers columns 128c .. 128c + 127 of every stream
     torch.testing.assert_close(partials[:, 1, 24].double(), r[:, :, 128:256].double().pow(2).sum((1, 2)),
                                rtol=1e-6, atol=1e-4)
+
+
+def test_random_norm_weights_reach_the_outputs():
+    """K1's inputs carry random q_norm / kv_norm weights, so a swapped or misindexed weight
+    changes qr and the KV record (k1-review T2)."""
+    m = 2
+    w = random_weights()
+    assert w.q_norm.float().std() > 0.1 and w.kv_norm.float().std() > 0.1
+    x, residual, post_mix, res_mix = random_activations(m)
+    out = ref.k1(x, residual, post_mix, res_mix, True, w, torch.tensor([3, 9]))
+    flipped = dataclasses.replace(w, q_norm=w.q_norm.flip(0), kv_norm=w.kv_norm.flip(0))
+    other = ref.k1(x, residual, post_mix, res_mix, True, flipped, torch.tensor([3, 9]))
+    assert not torch.equal(out.qr, other.qr) and not torch.equal(out.records, other.records)
+
+
+def test_nan_activation_gives_an_e4m3_nan_and_code_254():
+    """A NaN propagates as vLLM's torch path propagates it: its byte is an e4m3 NaN, its block's
+    code 254 and the block's multiplier 2^-126 (e8m0_inverse); other blocks are untouched. The
+    kernel's clamp and amax are NaN-propagating too (v_maximum3 / v_minimum3, test_k1_gates)."""
+    x = torch.randn(2, 128)
+    x[1, 37] = float("nan")
+    codes, scales = ref.mxfp8_quantize(x)
+    clean_codes, clean_scales = ref.mxfp8_quantize(torch.nan_to_num(x, nan=0.0))
+    assert int(codes[1, 37]) & 0x7F == 0x7F  # S.1111.111: e4m3's only NaN
+    assert int(scales[1, 1]) == 254
+    assert torch.equal(scales[0], clean_scales[0]) and torch.equal(codes[0], clean_codes[0])
+    keep = torch.ones(128, dtype=torch.bool)
+    keep[32:64] = False
+    assert torch.equal(codes[1, keep], clean_codes[1, keep])
+    finite = torch.cat([x[1, 32:37], x[1, 38:64]])
+    assert torch.equal(ref.e4m3_value(torch.cat([codes[1, 32:37], codes[1, 38:64]])),
+                       (finite * 2.0 ** -126).clamp(-448, 448).to(torch.float8_e4m3fn).float())
+    record = ref.kv_record(torch.where(torch.arange(512) == 5, float("nan"), 1.0).unsqueeze(0))
+    assert int(record[0, 5]) & 0x7F == 0x7F and int(record[0, 576]) == 254
+
+
+def test_e8m0_inverse_is_exact_for_finite_codes_and_normal_for_254():
+    codes = torch.arange(0, 255, dtype=torch.int32).to(torch.uint8)
+    inverse = ref.e8m0_inverse(codes)
+    assert torch.equal(inverse[:254] * ref.e8m0_value(codes[:254]), torch.ones(254))
+    assert float(inverse[254]) == 2.0 ** -126  # the smallest normal f32: the kernel's exponent bits

@@ -21,9 +21,23 @@ def dsl(fn):
     return ASTRewriter.transform(fn)
 
 
-def flat_view(tensor, vector: int = 1):
-    """A buffer-resource view of a 1-D tensor in chunks of `vector` elements."""
-    return fx.logical_divide(fx.rocdl.make_buffer_tensor(tensor), fx.make_layout(vector, 1))
+def flat_view(tensor, vector: int = 1, size_bytes: int | None = None):
+    """A buffer-resource view of a 1-D tensor in chunks of `vector` elements.
+
+    The resource's size bounds every access: `size_bytes` when given (a buffer whose size the
+    template fixes, e.g. a scratch area sized by its layout), else the tensor's own byte length
+    (its i32 length kernarg times the element size; FlyDSL's make_buffer_tensor(max_size=False)).
+    A raw-buffer dword at or past the size reads 0 and a store there is dropped, per dword of a
+    wide access (CDNA3 / CDNA4 ISA, "Range Checking"; ck_tile's
+    amd_buffer_load_invalid_element_return_zero and Triton AMD's BufferOpsEmitter rely on it,
+    masking lanes by pushing their offsets out of range). Tensors above 2 GiB do not fit the
+    32-bit size: none is passed this way.
+    """
+    if size_bytes is None:
+        resource = fx.rocdl.make_buffer_tensor(tensor, max_size=False)
+    else:
+        resource = fx.rocdl.make_buffer_tensor(tensor, num_records_bytes=size_bytes)
+    return fx.logical_divide(resource, fx.make_layout(vector, 1))
 
 
 def copy_atom(bits: int, elem_bits: int):
@@ -31,7 +45,7 @@ def copy_atom(bits: int, elem_bits: int):
 
 
 def load(view, index, dtype, width: int = 1):
-    """Load chunk `index` of a flat view: a vector of `width` elements (bounds-checked by the buffer)."""
+    """Load chunk `index` of a flat view: a vector of `width` elements (0 past the buffer's end)."""
     reg = fx.make_rmem_tensor(width, dtype)
     fx.copy(copy_atom(dtype.width * width, dtype.width), fx.slice(view, (None, index)), reg)
     return fx.memref_load_vec(reg)

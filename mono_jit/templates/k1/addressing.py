@@ -1,14 +1,29 @@
 """K1's index arithmetic: which lane, wave and task touches which element.
 
 Every function here uses only + - * // % and comparisons, so the kernel calls it on FlyDSL
-values (it becomes the kernel's address code) and the CPU tests call it on Python ints to
-emulate the GEMV stages element by element against the reference (tests/test_k1_addressing.py).
-Arguments are non-negative, where // and % agree between Python and the DSL's signed ops.
+values (it becomes the kernel's address code) and the CPU tests call it on Python ints or torch
+tensors to emulate the GEMV stages element by element and to bound every buffer access
+(tests/test_k1_addressing.py, tests/test_k1_bounds.py). Arguments are non-negative, where // and
+% agree between Python and the DSL's signed ops.
 
-The scaled MFMA v_mfma_scale_f32_16x16x128_f8f6f4 (FlyDSL's CDNA4 MFMA_Scale atom layout):
-operand lane l holds row l % 16 and the 32 K values 32 (l / 16) + v of the 128-wide step, with
-the E8M0 scale of exactly those 32 values; result lane l holds column l % 16 and rows
-4 (l / 16) + e, e = 0..3. K1 puts 16 weight rows in operand A and 16 tokens in operand B.
+The operand layout of the scaled MFMA v_mfma_scale_f32_16x16x128_f8f6f4 with fp8 operands, as
+code that runs on gfx950 uses it: lane l holds row l % 16 and two 16-byte pieces of the
+128-wide K step, K 16 (l / 16) .. + 15 in its words 0-3 and K 64 + 16 (l / 16) .. + 15 in its
+words 4-7; its E8M0 scale byte is that of K block l / 16 (K 32 (l / 16) .. + 31), so the four
+lanes holding one K block's pieces are the lanes whose scales the hardware applies to it.
+Result lane l element e is D[4 (l / 16) + e, l % 16]. Sources (read for this module):
+  - vLLM 0.33 in-tree DeepSeek-V4 mono K1: vllm/models/deepseek_v4/amd/mono/attention/gemv.py
+    `_step_load` (weight pieces at 128 st + 16 j and + 64, scale of block st * 4 + j) and
+    `_step_mfma` (LDS activations at the same two pieces, scale st * 4 + j),
+    attention/device.py `mfma_scaled` (the layout in its docstring), gemv_mfmas (the result map);
+  - Triton, lib/Dialect/TritonGPU/IR/LinearLayoutConversions.cpp `chooseScaledMfmaScaleLayout`
+    (mxfp8 operands: "2 16-consecutive elements blocks" a lane) and the gfx950 scaled-MFMA
+    lowering in third_party/amd/.../DotOpToLLVM/MFMA.cpp (kBase 32 from kWidth 16 pieces);
+  - AITER, aiter/ops/flydsl/kernels/bmm_a8w8_mxscale_gfx950.py (fp8 halves 64 K apart).
+FlyDSL's CDNA4 atom (MmaAtom.cpp, 32 contiguous K a lane) disagrees; an earlier K1 followed it
+and misapplied per-32 activation scales (../shared/research/k1-review.md, F1). The test model
+of the hardware (tests/mfma_model.py) is written from the sources above, not from this module.
+K1 puts 16 weight rows in operand A and 16 tokens in operand B.
 """
 
 from __future__ import annotations
@@ -23,9 +38,30 @@ PRESHUFFLE_HALF = TILE_N * 16  # 16 rows x 16 bytes
 
 # -- the MFMA lane maps ---------------------------------------------------------------------
 
-def operand_lane(lane):
-    """(row within the tile, first K within the step) of operand lane `lane`."""
-    return lane % TILE_N, (lane // TILE_N) * MX_BLOCK
+PIECE = 16  # bytes of one operand piece (four of an operand lane's eight i32 words)
+PIECE_GAP = TILE_K // 2  # K distance between a lane's two pieces
+BLOCKS_PER_STEP = TILE_K // MX_BLOCK  # 4 E8M0 blocks in one K step
+
+
+def operand_row(lane):
+    """The row (weight row or token) within the 16-row tile that operand lane `lane` holds."""
+    return lane % TILE_N
+
+
+def operand_pieces(step, lane):
+    """(first K of the lane's words 0-3, first K of its words 4-7) in K step `step`."""
+    first = step * TILE_K + (lane // TILE_N) * PIECE
+    return first, first + PIECE_GAP
+
+
+def operand_block(step, lane):
+    """The K block (of 32) whose E8M0 scale operand lane `lane` passes in K step `step`."""
+    return step * BLOCKS_PER_STEP + lane // TILE_N
+
+
+def operand_token(row_tile, lane):
+    """The token operand-B lane `lane` holds in row tile `row_tile`."""
+    return row_tile * TILE_N + operand_row(lane)
 
 
 def result_lane(lane, e):
@@ -33,12 +69,12 @@ def result_lane(lane, e):
     return (lane // TILE_N) * 4 + e, lane % TILE_N
 
 
-def step_k(step, lane):
-    """The first of this lane's 32 K values in K step `step`."""
-    return step * TILE_K + operand_lane(lane)[1]
-
-
 # -- weights --------------------------------------------------------------------------------
+
+def row_major_offset(row, k0, stride):
+    """Byte offset of (row, k0) in a row-major byte matrix whose rows are `stride` bytes apart."""
+    return row * stride + k0
+
 
 def preshuffled_offset(row, k0, k):
     """Byte offset of the 16 bytes (row, k0 .. k0 + 15), k0 % 16 == 0, of an [N, k] byte matrix
@@ -50,6 +86,18 @@ def preshuffled_offset(row, k0, k):
 def block_scale_index(row, step, k):
     """Index of the E8M0 code of the 128 x 128 block holding (row, K step) in [N / 128, k / 128]."""
     return (row // TILE_K) * (k // TILE_K) + step
+
+
+# -- MXFP8 activation rows in the byte scratch ----------------------------------------------
+
+def mx_code_offset(codes, token, k0, k):
+    """Byte of token `token`'s e4m3 value k0 in rows of k values starting at byte `codes`."""
+    return codes + token * k + k0
+
+
+def mx_scale_offset(scales, token, block, k):
+    """Byte of token `token`'s E8M0 code of K block `block` (k / 32 codes a row from `scales`)."""
+    return scales + token * (k // MX_BLOCK) + block
 
 
 # -- task tables ----------------------------------------------------------------------------

@@ -47,10 +47,10 @@ from ... import model
 from ...spec import Spec
 from .._dsl import (WAVE, butterfly, dsl, f32_bits, f32_from_bits, flat_view, load, load_global, load_scalar, store,
                     store_scalar, wave_sum)
-from .._sync import leave, publish, step_tag, wait
+from .._sync import arrive, leave, publish, step_tag, wait
 from ..base import Build
 from . import addressing as ad
-from .layout import (CTAS, EPS, HEAD_DIM, KV_LORA, KV_SCALE_BLOCK, LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS,
+from .layout import (CTAS, EPS, HEAD_DIM, KV_LORA, KV_SCALE_BLOCK, KV_SCALES, LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS,
                      MIXES, MX_BLOCK, NOPE, PARTIALS, PIN_LDS_BYTES, Q_LORA, QKV, ROPE, SEAM_CHUNK, SEAM_CHUNKS,
                      SEAM_GROUP, STREAMS, THREADS, TILE_N, WAVES, WEIGHT_BLOCK, K1Layout)
 from .reference import E4M3_MAX, HC_POST_ALPHA, KV_AMAX_FLOOR, SINKHORN_ROUNDS
@@ -92,7 +92,8 @@ def _e8m0(amax):
 
 
 def _e8m0_inverse(code):
-    """2^(127 - code) as f32 (codes up to 253 are exact; 254 only comes from inf / NaN)."""
+    """2^(127 - code) as f32 from its exponent bits; 2^-126 for code 254, which only inf / NaN
+    blocks get (reference.e8m0_inverse)."""
     return f32_from_bits(fx.max(254 - code, 1) << 23)
 
 
@@ -186,11 +187,12 @@ class _Fp8Weight:
         self.view, self.scales, self.k = flat_view(tensor, 16), scales, k
         self.stride, self.shuffled = stride, shuffled != 0
 
-    def operand(self, row, k0):
-        """The 32 bytes K = k0 .. k0 + 31 of `row` (k0 a multiple of 32)."""
-        lo = self.shuffled.select(ad.preshuffled_offset(row, k0, self.k), row * self.stride + k0)
-        hi = self.shuffled.select(ad.preshuffled_offset(row, k0 + 16, self.k), lo + 16)
-        return _operand(self.view, lo, hi)
+    def _offset(self, row, k0):
+        return self.shuffled.select(ad.preshuffled_offset(row, k0, self.k), ad.row_major_offset(row, k0, self.stride))
+
+    def operand(self, row, pieces):
+        """The two 16-byte pieces (K pieces[0] .. + 15, pieces[1] .. + 15) of `row`."""
+        return _operand(self.view, self._offset(row, pieces[0]), self._offset(row, pieces[1]))
 
     def scale(self, row, step):
         return load_global(self.scales, ad.block_scale_index(row, step, self.k)).to(fx.Int32)
@@ -202,12 +204,12 @@ class _Mxfp8Rows:
     def __init__(self, u8x16, u8, codes: int, scales: int, k: int):
         self.u8x16, self.u8, self.codes, self.scales, self.k = u8x16, u8, codes, scales, k
 
-    def operand(self, token, k0):
-        lo = self.codes + token * self.k + k0
-        return _operand(self.u8x16, lo, lo + 16)
+    def operand(self, token, pieces):
+        return _operand(self.u8x16, ad.mx_code_offset(self.codes, token, pieces[0], self.k),
+                        ad.mx_code_offset(self.codes, token, pieces[1], self.k))
 
-    def scale(self, token, k0):
-        return load_scalar(self.u8, self.scales + token * (self.k // MX_BLOCK) + k0 // MX_BLOCK, fx.Uint8).to(fx.Int32)
+    def scale(self, token, block):
+        return load_scalar(self.u8, ad.mx_scale_offset(self.scales, token, block, self.k), fx.Uint8).to(fx.Int32)
 
 
 def _gemv_steps(weight, acts, w_row, steps, lane, row_tiles):
@@ -215,15 +217,18 @@ def _gemv_steps(weight, acts, w_row, steps, lane, row_tiles):
 
     `steps` lists (step, keep): keep None, or a predicate under which the step counts (a wave
     with nothing to do computes a duplicate step and drops it, keeping control flow uniform).
+    Operand lanes follow addressing.py's layout: two 16-byte pieces 64 K apart and the scale of
+    K block lane / 16, for the weight and the activations alike.
     """
     accs = [fx.Vector.filled(4, 0.0, fx.Float32) for _ in range_constexpr(row_tiles)]
-    row = w_row + ad.operand_lane(lane)[0]
+    row = w_row + ad.operand_row(lane)
     for step, keep in steps:
-        k0 = ad.step_k(step, lane)
-        a, scale_a = weight.operand(row, k0), weight.scale(row, step)
+        pieces = ad.operand_pieces(step, lane)
+        block = ad.operand_block(step, lane)
+        a, scale_a = weight.operand(row, pieces), weight.scale(row, step)
         for t in range_constexpr(row_tiles):
-            token = t * TILE_N + ad.operand_lane(lane)[0]
-            acc = _mfma(a, acts.operand(token, k0), accs[t], scale_a, acts.scale(token, k0))
+            token = ad.operand_token(t, lane)
+            acc = _mfma(a, acts.operand(token, pieces), accs[t], scale_a, acts.scale(token, block))
             accs[t] = acc if keep is None else keep.select(acc, accs[t])
     return accs
 
@@ -265,7 +270,7 @@ def make_kernel(lay: K1Layout, stages: frozenset[int] = ALL_STAGES):
     left out does not wait for it and reads its inputs from the buffers as the caller prepared
     them, so each stage can be tested alone against its reference on a GPU (DESIGN.md).
     """
-    rows, heads, q_width, row_tiles = lay.rows, lay.heads, lay.q_width, lay.row_tiles
+    rows, q_width, row_tiles = lay.rows, lay.q_width, lay.row_tiles
 
     @flyc.kernel
     def k1_kernel(X: fx.Tensor, Residual: fx.Tensor, PostMix: fx.Tensor, ResMix: fx.Tensor,
@@ -289,12 +294,13 @@ def make_kernel(lay: K1Layout, stages: frozenset[int] = ALL_STAGES):
         gate = shared.gate.view(fx.make_layout(LDS_GATE_WORDS, 1))
         lds_acc = shared.acc.view(fx.make_layout(LDS_ACC_WORDS, 1))
         tag = step_tag(Sync)
+        arrive(Sync, tid)
 
-        f32 = flat_view(WorkF32)
-        f32x4 = flat_view(WorkF32, 4)
-        u8 = flat_view(WorkU8)
-        u8x8 = flat_view(WorkU8, VEC)
-        u8x16 = flat_view(WorkU8, 16)
+        f32 = flat_view(WorkF32, 1, lay.f32_words * 4)  # scratch: sized by the layout
+        f32x4 = flat_view(WorkF32, 4, lay.f32_words * 4)
+        u8 = flat_view(WorkU8, 1, lay.bytes)
+        u8x8 = flat_view(WorkU8, VEC, lay.bytes)
+        u8x16 = flat_view(WorkU8, 16, lay.bytes)
         w_qkv = _Fp8Weight(WQkv, SQkv, H, qkv_stride, qkv_shuffled)
         w_qb = _Fp8Weight(WQb, SQb, Q_LORA, qb_stride, qb_shuffled)
         x_mx = _Mxfp8Rows(u8x16, u8, lay.x_codes, lay.x_scales, H)
@@ -313,14 +319,18 @@ def make_kernel(lay: K1Layout, stages: frozenset[int] = ALL_STAGES):
                 end = fx.min(first + SEAM_GROUP, m)
                 for row in range(first, end):
                     res_view = flat_view(Residual)
-                    folded = load_global(PostMix, row * STREAMS + stream) * \
-                        load_scalar(flat_view(X), row * H + col, fx.BFloat16).to(fx.Float32)
-                    own = fx.Float32(0.0)  # this thread's stream, picked from the four it reads
+                    streams = [load_scalar(res_view, (row * STREAMS + i) * H + col, fx.BFloat16).to(fx.Float32)
+                               for i in range_constexpr(STREAMS)]
+                    value = fx.Float32(0.0)  # this thread's stream, picked from the four it reads
                     for i in range_constexpr(STREAMS):
-                        r_i = load_scalar(res_view, (row * STREAMS + i) * H + col, fx.BFloat16).to(fx.Float32)
-                        folded = folded + load_global(ResMix, row * 16 + i * STREAMS + stream) * r_i
-                        own = (stream == i).select(r_i, own)
-                    value = _bf16((do_fold != 0).select(folded, own))
+                        value = (stream == i).select(streams[i], value)
+                    if do_fold != 0:  # layer 0 passes x in post_mix / res_mix: read them only here
+                        folded = load_global(PostMix, row * STREAMS + stream) * \
+                            load_scalar(flat_view(X), row * H + col, fx.BFloat16).to(fx.Float32)
+                        for i in range_constexpr(STREAMS):
+                            folded = folded + load_global(ResMix, row * 16 + i * STREAMS + stream) * streams[i]
+                        value = folded
+                    value = _bf16(value)
                     gpu.barrier()  # all streams of the row are read before any is written (r_out may alias)
                     store_scalar(flat_view(ROut), (row * STREAMS + stream) * H + col, value.to(fx.BFloat16),
                                  fx.BFloat16)
@@ -344,7 +354,7 @@ def make_kernel(lay: K1Layout, stages: frozenset[int] = ALL_STAGES):
             for row in range(cta, rows, CTAS):
                 if row < m:
                     if const_expr(1 in stages):
-                        wait(Sync, lay.f1 + (row // SEAM_GROUP) * SEAM_CHUNKS, SEAM_CHUNKS, tag, tid)
+                        wait(Sync, *lay.s2_awaits(row), tag, tid)
                     if tid < PARTIALS:
                         total = fx.Float32(0.0)
                         for c in range_constexpr(SEAM_CHUNKS):
@@ -363,7 +373,7 @@ def make_kernel(lay: K1Layout, stages: frozenset[int] = ALL_STAGES):
         if const_expr(3 in stages):
             for task in range(cta, lay.s3_tasks, CTAS):
                 if const_expr(2 in stages):
-                    wait(Sync, lay.f2, m, tag, tid)
+                    wait(Sync, *lay.s3_awaits(m), tag, tid)
                 n0, part = ad.s3_task(task)
                 accs = _gemv_steps(w_qkv, x_mx, n0, ad.s3_steps(part, wave), lane, row_tiles)
                 _gemv_reduce(accs, lds_acc, tid, wave, lane, WAVES, row_tiles, f32,
@@ -375,7 +385,7 @@ def make_kernel(lay: K1Layout, stages: frozenset[int] = ALL_STAGES):
             for row in range(cta, rows, CTAS):
                 if row < m:
                     if const_expr(3 in stages):
-                        wait(Sync, lay.f3, lay.s3_tasks, tag, tid)
+                        wait(Sync, *lay.s4_awaits(), tag, tid)
                     _qr_norm_quant(f32x4, QNorm, QrOut, red, u8x8, u8, lay, row, tid, wave, lane)
                     if wave == Q_LORA // VEC // WAVE:
                         _kv_insert(f32x4, KvNorm, Rope, Positions, SlotMapping, KvCache, lay, row, lane,
@@ -386,7 +396,7 @@ def make_kernel(lay: K1Layout, stages: frozenset[int] = ALL_STAGES):
         if const_expr(5 in stages):
             for task in range(cta, lay.s5_tasks, CTAS):
                 if const_expr(4 in stages):
-                    wait(Sync, lay.f4, m, tag, tid)
+                    wait(Sync, *lay.s5_awaits(m), tag, tid)
                 tile_row, first = ad.s5_tile(task, wave)
                 steps = [(first + s, None) for s in range_constexpr(ad.S5_STEPS)]
                 accs = _gemv_steps(w_qb, qr_mx, tile_row, steps, lane, row_tiles)
@@ -397,15 +407,12 @@ def make_kernel(lay: K1Layout, stages: frozenset[int] = ALL_STAGES):
         # ---- S6: per-head RMS and RoPE of q --------------------------------------------------
         if const_expr(6 in stages):
             for task in range(cta, lay.s6_tasks, CTAS):
-                row = task // lay.head_groups
+                row = lay.s6_row(task)
                 head = (task % lay.head_groups) * WAVES + wave
                 if row < m:
-                    first_head = (task % lay.head_groups) * WAVES
                     if const_expr(5 in stages):
-                        wait(Sync, lay.f5 + first_head * lay.s5_tasks_per_head,
-                             fx.min(heads - first_head, WAVES) * lay.s5_tasks_per_head, tag, tid)
-                    if head < heads:
-                        _q_head(f32x4, Rope, Positions, QOut, lay, row, head, lane)
+                        wait(Sync, *lay.s6_awaits(task), tag, tid)
+                    _q_head(f32x4, Rope, Positions, QOut, lay, row, head, lane)
                 gpu.barrier()
 
         leave(Sync, tag, CTAS, tid)
@@ -528,6 +535,8 @@ def _kv_insert(f32x4, KvNorm, Rope, Positions, SlotMapping, KvCache, lay, row, l
             fx.generic_store(cache + (record + lane * VEC), _fp8x8(y, _e8m0_inverse(code)))
             if lane % per_block == 0:
                 fx.generic_store(cache + (scales + lane // per_block), code.to(fx.Uint8))
+            if lane == 0:  # the record's pad byte, 0 as vLLM's insert writes it
+                fx.generic_store(cache + (scales + KV_SCALES - 1), fx.Uint8(0))
         else:
             rope_bytes = _bf16x8(y).bitcast(fx.Uint8)
             fx.generic_store(cache + (record + NOPE + (lane - nope_lanes) * 2 * VEC), rope_bytes)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from ... import model
 from ...resources import LDS_PER_CU
 from ...spec import Spec
+from ..sync_area import FIRST_FLAG
 
 CTAS = 256
 THREADS = 512
@@ -128,13 +129,10 @@ class K1Layout:
     def s6_tasks(self) -> int:
         return self.rows * self.head_groups
 
-    # -- sync words (int32): epoch, exit counter, then one flag per producer task ---------
-    EPOCH = 0
-    EXIT = 1
-
+    # -- sync words (int32): epoch, exit and arrival counters, then a flag per producer task --
     @property
     def f1(self) -> int:
-        return 2
+        return FIRST_FLAG
 
     @property
     def f2(self) -> int:
@@ -156,6 +154,52 @@ class K1Layout:
     def sync_words(self) -> int:
         return self.f5 + self.s5_tasks
 
+    # -- what each stage waits for: (first flag, count) ---------------------------------------
+    # Plain arithmetic on a row, task or m, so the kernel traces these on its DSL values and the
+    # protocol model (tests/test_k1_protocol.py) runs them on ints.
+    def s2_awaits(self, row):
+        """S1's tasks of the row's group: all its column chunks."""
+        return self.f1 + (row // SEAM_GROUP) * SEAM_CHUNKS, SEAM_CHUNKS
+
+    def s3_awaits(self, m):
+        """S2's rows below m."""
+        return self.f2, m
+
+    def s4_awaits(self):
+        """Every S3 task (each row needs all 2048 outputs of both K halves)."""
+        return self.f3, self.s3_tasks
+
+    def s5_awaits(self, m):
+        """S4's rows below m."""
+        return self.f4, m
+
+    def s6_awaits(self, task):
+        """The S5 tasks of the task's 8 heads."""
+        first_head = (task % self.head_groups) * HEADS_PER_TASK
+        return self.f5 + first_head * self.s5_tasks_per_head, HEADS_PER_TASK * self.s5_tasks_per_head
+
+    def s6_row(self, task):
+        return task // self.head_groups
+
+    def program(self, cta: int, m: int) -> list[tuple[str, int, int]]:
+        """CTA `cta`'s hand-offs in one launch with m rows, in order: ("wait", first, count) and
+        ("publish", flag, 1). The kernel's stage loops in the same order (kernel.make_kernel)."""
+        steps: list[tuple[str, int, int]] = []
+        steps += [("publish", self.f1 + task, 1) for task in range(cta, self.s1_tasks, CTAS)]
+        for row in range(cta, self.rows, CTAS):
+            steps += [("wait", *self.s2_awaits(row))] if row < m else []
+            steps.append(("publish", self.f2 + row, 1))
+        for task in range(cta, self.s3_tasks, CTAS):
+            steps += [("wait", *self.s3_awaits(m)), ("publish", self.f3 + task, 1)]
+        for row in range(cta, self.rows, CTAS):
+            steps += [("wait", *self.s4_awaits())] if row < m else []
+            steps.append(("publish", self.f4 + row, 1))
+        for task in range(cta, self.s5_tasks, CTAS):
+            steps += [("wait", *self.s5_awaits(m)), ("publish", self.f5 + task, 1)]
+        steps += [("wait", *self.s6_awaits(task)) for task in range(cta, self.s6_tasks, CTAS)
+                  if self.s6_row(task) < m]
+        return steps
+
     # -- f32 scratch -------------------------------------------------------------------
     @property
     def partials(self) -> int:
@@ -176,27 +220,34 @@ class K1Layout:
     def f32_words(self) -> int:
         return self.q_raw + self.rows * self.q_width
 
-    # -- byte scratch ------------------------------------------------------------------
+    # -- byte scratch: the GEMVs' MXFP8 operands, one row per token of the MFMA's B operand ----
+    @property
+    def operand_rows(self) -> int:
+        """Token rows the GEMVs' B operand reads: whole 16-token tiles. Rows past `rows` are never
+        written (their products reach only output columns that are never stored), but they are
+        allocated, so a bucket of 1 reads 16 rows inside the buffer (k1-review F2)."""
+        return self.row_tiles * TILE_N
+
     @property
     def x_codes(self) -> int:
-        """[rows, 7168] e4m3 of the normed row."""
+        """[operand_rows, 7168] e4m3 of the normed row."""
         return 0
 
     @property
     def x_scales(self) -> int:
-        """[rows, 224] its E8M0 codes."""
-        return self.x_codes + self.rows * model.HIDDEN
+        """[operand_rows, 224] its E8M0 codes."""
+        return self.x_codes + self.operand_rows * model.HIDDEN
 
     @property
     def qr_codes(self) -> int:
-        """[rows, 1536] e4m3 of the normed qr."""
-        return self.x_scales + self.rows * (model.HIDDEN // MX_BLOCK)
+        """[operand_rows, 1536] e4m3 of the normed qr."""
+        return self.x_scales + self.operand_rows * (model.HIDDEN // MX_BLOCK)
 
     @property
     def qr_scales(self) -> int:
-        """[rows, 48]."""
-        return self.qr_codes + self.rows * Q_LORA
+        """[operand_rows, 48]."""
+        return self.qr_codes + self.operand_rows * Q_LORA
 
     @property
     def bytes(self) -> int:
-        return self.qr_scales + self.rows * (Q_LORA // MX_BLOCK)
+        return self.qr_scales + self.operand_rows * (Q_LORA // MX_BLOCK)

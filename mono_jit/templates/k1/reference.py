@@ -43,6 +43,16 @@ def e8m0_value(code: torch.Tensor) -> torch.Tensor:
     return torch.exp2(code.to(torch.float32) - 127.0)
 
 
+def e8m0_inverse(code: torch.Tensor) -> torch.Tensor:
+    """The multiplier that quantises a block of code `code`: 2^(127 - code), a normal f32.
+
+    Exact for every code a finite block gets (0..247). Code 254 comes only from a block holding
+    inf or NaN; its multiplier is 2^-126 (the smallest normal f32, as the kernel builds it from
+    exponent bits), so the NaN itself stays NaN and the block's finite values go to about 0.
+    """
+    return torch.exp2(127.0 - code.to(torch.float32).clamp_max(253.0))
+
+
 def _e4m3(values: torch.Tensor) -> torch.Tensor:
     """Round to e4m3 (RNE) after clamping into its range; returns the raw bytes."""
     return values.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
@@ -54,11 +64,15 @@ def e4m3_value(codes: torch.Tensor) -> torch.Tensor:
 
 def mxfp8_quantize(x: torch.Tensor, block: int = MX_BLOCK,
                    amax_floor: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(e4m3 bytes [..., n], E8M0 codes [..., n / block]) of x along its last dim."""
+    """(e4m3 bytes [..., n], E8M0 codes [..., n / block]) of x along its last dim.
+
+    NaN propagates as vLLM's torch path propagates it (amax, clamp): a NaN value gives an e4m3
+    NaN byte and its block code 254 (see e8m0_inverse for the rest of that block).
+    """
     blocks = x.to(torch.float32).unflatten(-1, (-1, block))
     amax = blocks.abs().amax(-1).clamp_min(amax_floor)
     codes = e8m0_code(amax)
-    scaled = blocks * torch.exp2(127.0 - codes.to(torch.float32)).unsqueeze(-1)
+    scaled = blocks * e8m0_inverse(codes).unsqueeze(-1)
     return _e4m3(scaled).flatten(-2), codes
 
 
@@ -201,8 +215,8 @@ def kv_record(kv: torch.Tensor) -> torch.Tensor:
     """[M, 584] fp8_ds_mla records of kv [M, 512] (NoPE normed, RoPE already applied).
 
     Bytes 0..447 e4m3 of the NoPE dims, scaled per 64 by UE8M0 codes (amax floored at 1e-4);
-    448..575 the 64 RoPE dims as bf16; 576..582 the 7 codes; byte 583 (pad) is 0 here and is
-    never written by the insert.
+    448..575 the 64 RoPE dims as bf16; 576..582 the 7 codes; byte 583 (pad) is 0, as vLLM's
+    insert writes it (common/ops/cache_utils.py quantize_and_insert_k_kernel).
     """
     m = kv.shape[0]
     codes, scales = mxfp8_quantize(kv[:, :NOPE], KV_SCALE_BLOCK, KV_AMAX_FLOOR)
@@ -223,8 +237,8 @@ def kv_insert(cache: torch.Tensor, records: torch.Tensor, slots: torch.Tensor, p
               block: int) -> None:
     """Write records into the flat byte cache at slots (-1 skipped), in place.
 
-    A page holds its `block` records' 576 data bytes first, then their 8 scale bytes; byte 583
-    of a record (the pad) is not written.
+    A page holds its `block` records' 576 data bytes first, then their 8 scale bytes (the 7
+    codes and the pad byte).
     """
     for record, slot in zip(records, slots.tolist()):
         if slot < 0:
@@ -233,11 +247,11 @@ def kv_insert(cache: torch.Tensor, records: torch.Tensor, slots: torch.Tensor, p
         base = page * page_stride
         cache[base + row * KV_DATA: base + (row + 1) * KV_DATA] = record[:KV_DATA]
         scales = base + block * KV_DATA + row * (KV_RECORD - KV_DATA)
-        cache[scales: scales + NOPE // KV_SCALE_BLOCK] = record[KV_DATA:KV_DATA + NOPE // KV_SCALE_BLOCK]
+        cache[scales: scales + KV_RECORD - KV_DATA] = record[KV_DATA:]
 
 
 def kv_read(cache: torch.Tensor, slot: int, page_stride: int, block: int) -> torch.Tensor:
-    """The [584] record at slot of a flat byte cache (pad byte from the cache as it is)."""
+    """The [584] record at slot of a flat byte cache."""
     page, row = divmod(slot, block)
     base = page * page_stride
     scales = base + block * KV_DATA + row * (KV_RECORD - KV_DATA)
