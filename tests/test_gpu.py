@@ -86,7 +86,45 @@ def test_k1_matches_reference(m, bucket, do_fold, shuffled):
     run.launch(step)
     torch.cuda.synchronize()
     run.check(step, cache_before=before)
-    assert int(run.sync[0]) == 1 and int(run.sync[1]) == 0, "the epoch advances once and the exit counter resets"
+    assert run.sync[:3].tolist() == [1, 0, 0], "the epoch advances once; the exit and arrival counters reset"
+
+
+def test_k1_launches_with_other_row_counts_on_one_sync_area():
+    """Consecutive launches of one bucket with m = 6, 2, 8, 1 on the same sync area and scratch
+    (k1-review F3): each matches the reference, with no flag of the launch before read."""
+    run = _k1_run(8, shuffled=False, row_pad=256)
+    for launch, m in enumerate((6, 2, 8, 1), start=1):
+        step = run.set_step(m, seed=40 + m, do_fold=1)
+        before = run.cache.cpu().clone()
+        run.launch(step)
+        torch.cuda.synchronize()
+        run.check(step, cache_before=before)
+        assert run.sync[:3].tolist() == [launch, 0, 0]
+
+
+DIRTY_AREA_LAUNCH = """
+import sys, torch
+sys.path.insert(0, {tests!r})
+from test_gpu import _k1_run
+run = _k1_run(4, shuffled=False, row_pad=0)
+step = run.set_step(3, seed=1, do_fold=1)
+run.sync[2] = 5  # an arrival count left by a launch that was cut short
+run.launch(step)
+torch.cuda.synchronize()
+print("NO TRAP")
+"""
+
+
+def test_k1_traps_on_a_dirty_sync_area():
+    """A sync area left dirty (arrival counter not 0) makes the launch fail loudly: s_trap 2 puts
+    the queue into its error state, which takes the process down, so it runs in a child."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    child = subprocess.run([sys.executable, "-c", DIRTY_AREA_LAUNCH.format(tests=str(Path(__file__).parent))],
+                           capture_output=True, text=True, timeout=300)
+    assert child.returncode != 0 and "NO TRAP" not in child.stdout, child.stdout + child.stderr
 
 
 def test_k1_replays_under_a_hip_graph():
@@ -124,3 +162,28 @@ def test_k1_stage_alone_matches_reference(stage):
     torch.cuda.synchronize()
     check_stage(run, stage, step, want, before)
     assert int(run.sync[0]) == 1, "a standalone stage still advances the epoch"
+
+
+def test_k1_nan_in_the_seam_gives_the_references_fp8_bytes():
+    """S2 alone with one NaN in R: its row's x_norm is NaN throughout (the RMS sums it), so every
+    MXFP8 byte of that row is an e4m3 NaN and every code 254, as the reference gives; the other
+    rows are unaffected. Checks the NaN-propagating clamp and amax on the hardware."""
+    from k1_harness import scratch
+
+    from mono_jit.templates.k1 import reference as ref
+    from mono_jit.templates.k1.kernel import build
+
+    bucket, m = 4, 3
+    run = K1Run(bucket, random_weights(), row_pad=0, shuffled=False, device="cuda",
+                launcher=build(Spec(8, 4, 1024, bucket), frozenset({2})).launcher)
+    step = run.set_step(m, seed=9, do_fold=1)
+    step.residual[1, 2, 100] = float("nan")
+    want = ref.k1(step.x, step.residual, step.post_mix, step.res_mix, True, run.w, step.positions)
+    prepare_stage(run, 2, step, want)
+    run.launch(step)
+    torch.cuda.synchronize()
+    s = {name: view.cpu() for name, view in scratch(run).items()}
+    assert (want.x_codes[1] & 0x7F).eq(0x7F).all() and want.x_scales[1].eq(254).all()
+    assert torch.equal(s["x_codes"][1] & 0x7F, want.x_codes[1] & 0x7F)
+    assert torch.equal(s["x_scales"][1], want.x_scales[1])
+    assert not (s["x_codes"][[0, 2]] & 0x7F).eq(0x7F).any()

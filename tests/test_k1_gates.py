@@ -6,6 +6,7 @@ fp8 conversion). These need no GPU; tests/test_gpu.py runs the kernel."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from conftest import settings_at
@@ -66,11 +67,20 @@ def test_k1_isa_has_the_instructions_the_design_relies_on(k1_builds, rows):
     row_tiles = K1Layout(8, rows).row_tiles
     assert counts["v_mfma_scale_f32_16x16x128_f8f6f4"] == K_STEPS * row_tiles
     assert counts["buffer_wbl2"] >= 5 and counts["buffer_inv"] >= 5  # release per publish, acquire per wait
-    assert counts["global_atomic_add"] >= 1  # the exit counter
+    assert counts["global_atomic_add"] >= 2  # the arrival and exit counters
     assert counts["s_sleep"] >= 5  # one back-off per wait loop
     assert counts["v_cvt_pk_fp8_f32"] >= 12  # MXFP8 of x and qr, the KV record
     assert not [m for m in counts if m.startswith("scratch_")]
     assert "sc1" in next(line for line in listing.splitlines() if "buffer_wbl2" in line)  # agent scope
+    # A dirty sync area traps (s_trap 2, not llvm.trap's silent s_endpgm without a trap handler).
+    assert counts["s_trap"] == 1 and "s_trap 2" in listing
+    # NaN-propagating clamps and amaxes (IEEE maximum / minimum), as the reference's torch ops:
+    # none of the maxNum-style f32 min / max / med3 forms that turn a NaN into the other operand.
+    assert counts["v_maximum3_f32"] > 0 and counts["v_minimum3_f32"] > 0
+    assert not [m for m in counts if m.startswith(("v_max_f32", "v_min_f32", "v_med3_f32", "v_pk_max_f32",
+                                                   "v_pk_min_f32"))]
+    # Every buffer resource has a real size: none carries FlyDSL's unbounded 0xFFFFFFFF.
+    assert not re.search(r"s_mov_b32 s\d+, -1\s", listing)
 
 
 def test_k1_key_reads_only_tp_and_max_tokens():

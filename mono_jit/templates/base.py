@@ -19,7 +19,11 @@ from typing import Any, ClassVar
 from ..resources import Budget
 from ..spec import Spec
 
-_TEMPLATES_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parent.parent  # mono_jit/
+# What every built-in template's build imports from mono_jit besides its own package (checked
+# against the real imports by tests/test_source_digest.py).
+COMMON_SOURCES = ("errors.py", "hsaco.py", "model.py", "resources.py", "spec.py", "templates/_dsl.py",
+                  "templates/base.py")
 
 
 @dataclass(frozen=True)
@@ -58,17 +62,18 @@ class Template(ABC):
 
     name: ClassVar[str]
     spec_fields: ClassVar[tuple[str, ...]]
-    # Files (relative to mono_jit/templates/) whose bytes decide the kernel: their digest is
-    # part of the key. The shared DSL helpers are always included.
+    # Every file (relative to the mono_jit package) a build imports: the template's own modules
+    # and what they import from mono_jit, transitively. Their digest is part of the key, so an
+    # edit to any of them (a width in model.py, a residency figure in resources.py) is a new key.
     source_files: ClassVar[tuple[str, ...]]
     persistent: ClassVar[bool] = False
     budget: ClassVar[Budget] = Budget()
     kernel_module: ClassVar[str]  # module (relative to this package) with build(spec) -> Build
 
-    def source_digest(self) -> str:
+    def source_digest(self, package_dir: Path = PACKAGE_DIR) -> str:
         digest = hashlib.sha256()
-        for rel in sorted({"base.py", "_dsl.py", *self.source_files}):
-            digest.update(rel.encode() + b"\0" + (_TEMPLATES_DIR / rel).read_bytes() + b"\0")
+        for rel in sorted(set(self.source_files)):
+            digest.update(rel.encode() + b"\0" + (package_dir / rel).read_bytes() + b"\0")
         return digest.hexdigest()
 
     def key_spec(self, spec: Spec) -> dict[str, object]:

@@ -3,10 +3,10 @@ persistent FlyDSL launch (256 CTAs x 512 threads) for gfx950.
 
 Contract (M = rows this step, 1 <= M <= spec.max_tokens; every tensor a flat buffer, row-major;
 fp8 tensors passed as their bytes, e.g. `weight.view(torch.uint8)`):
-  in   x            [M, 7168] bf16        the previous FFN output, already reduced
+  in   x            [M, 7168] bf16        the previous FFN output, already reduced (unread on layer 0)
        residual     [M, 4, 7168] bf16     the four mHC streams before the fold
-       post_mix     [M, 4] f32            the previous FFN seam's post
-       res_mix      [M, 4, 4] f32         the previous FFN seam's comb
+       post_mix     [M, 4] f32            the previous FFN seam's post (unread on layer 0)
+       res_mix      [M, 4, 4] f32         the previous FFN seam's comb (unread on layer 0)
        hc_fn        [24, 4 x 7168] f32    hc_attn_fn;  hc_base [24], hc_scale [3] f32
        attn_norm    [7168] bf16
        w_qkv        [2048, qkv_stride] e4m3  fused_wqa_wkv: row-major (rows may be padded, stride
@@ -18,14 +18,20 @@ fp8 tensors passed as their bytes, e.g. `weight.view(torch.uint8)`):
        rope         [P, 64] f32           cos | sin per position (GPT-J pairs on the last 64 dims)
        positions    [M] int64;  slot_mapping [M] int64 (-1: no insert)
        kv_cache     the SWA cache's bytes: pages of `block_size` 584-byte fp8_ds_mla records,
-                    data rows first, then the scale bytes; `page_stride` bytes per page
+                    data rows first, then the scale bytes; `page_stride` bytes per page; a record's
+                    7 codes and its pad byte (written 0, as vLLM's insert does)
   out  r_out        [M, 4, 7168] bf16     R after the fold (may alias residual)
        post_out     [M, 4] f32;  comb_out [M, 4, 4] f32   the attention seam's mixes for K2
        x_norm       [M, 7168] bf16        the normed seam input (vLLM's compressor / indexer)
        qr_out       [M, 1536] bf16        q_norm(qr) (indexer)
        q_out        [M, heads, 512] bf16  for K2's attention
-  work sync         [K1Layout.sync_words] int32, zeroed once, owned by one bucket's K1
-       work_f32     [K1Layout.f32_words] f32;  work_u8 [K1Layout.bytes] uint8
+  work sync         [K1Layout.sync_words] int32: epoch, exit and arrival counters, flags. The runner
+                    allocates it zeroed once (before any capture), never writes it again and uses
+                    it for one stream's K1 launches of one bucket; the last CTA of each launch
+                    advances the epoch. A launch cut short leaves it dirty and the next launch
+                    traps (templates/_sync.py): after any HIP error, drop it with the context
+       work_f32     [K1Layout.f32_words] f32;  work_u8 [K1Layout.bytes] uint8 (exactly these sizes:
+                    the kernel bounds its scratch accesses by them)
   i32  m (clamped to 0..max_tokens), do_fold (0 on layer 0), qkv_stride, qkv_shuffled,
        qb_stride, qb_shuffled, page_stride, block_size
 
@@ -37,7 +43,7 @@ from __future__ import annotations
 
 from ...resources import Budget
 from ...spec import Spec
-from ..base import Argument, LaunchShape, Template
+from ..base import COMMON_SOURCES, Argument, LaunchShape, Template
 from ..registry import register
 from .layout import CTAS, PIN_LDS_BYTES, THREADS, K1Layout
 
@@ -46,8 +52,9 @@ from .layout import CTAS, PIN_LDS_BYTES, THREADS, K1Layout
 class K1Template(Template):
     name = "k1"
     spec_fields = ("tp", "max_tokens")
-    source_files = ("_sync.py", "k1/__init__.py", "k1/layout.py", "k1/addressing.py", "k1/reference.py",
-                    "k1/kernel.py")
+    source_files = COMMON_SOURCES + ("templates/_sync.py", "templates/sync_area.py", "templates/k1/__init__.py",
+                                     "templates/k1/layout.py", "templates/k1/addressing.py", "templates/k1/reference.py",
+                                     "templates/k1/kernel.py")
     kernel_module = ".k1.kernel"
     persistent = True
     budget = Budget(scratch_bytes=0, spills=0)

@@ -17,9 +17,13 @@ Result lane l element e is D[4 (l / 16) + e, l % 16]. Sources (read for this mod
     `_step_mfma` (LDS activations at the same two pieces, scale st * 4 + j),
     attention/device.py `mfma_scaled` (the layout in its docstring), gemv_mfmas (the result map);
   - Triton, lib/Dialect/TritonGPU/IR/LinearLayoutConversions.cpp `chooseScaledMfmaScaleLayout`
-    (mxfp8 operands: "2 16-consecutive elements blocks" a lane) and the gfx950 scaled-MFMA
-    lowering in third_party/amd/.../DotOpToLLVM/MFMA.cpp (kBase 32 from kWidth 16 pieces);
-  - AITER, aiter/ops/flydsl/kernels/bmm_a8w8_mxscale_gfx950.py (fp8 halves 64 K apart).
+    (mxfp8 operands: "2 16-consecutive elements blocks" a lane; lane bits 4-5 pick the scale
+    column), AccelerateAMDMatmul.cpp ScaledBlockedToScaledMFMAF8F6F4 (fp8 kWidth = kBase / 2 =
+    16) and the gfx950 lowering in third_party/amd/.../DotOpToLLVM/MFMA.cpp (kBase 32);
+  - AITER, aiter/ops/flydsl/kernels/bmm_a8w8_mxscale_gfx950.py (`_pair`: "fp8 halves 64 K apart
+    form one i32[8] MFMA operand"; `scale_col`: col + kgrp), and its fp8 x fp4 MoE GEMMs
+    (mixed_moe_gemm_2stage_common.py: fp8 A loads a second pack at col_base + 64, fp4 B none),
+    which multiply correctly only if the hardware reads fp8 words 4-7 as K 64 + 16 g.
 FlyDSL's CDNA4 atom (MmaAtom.cpp, 32 contiguous K a lane) disagrees; an earlier K1 followed it
 and misapplied per-32 activation scales (../shared/research/k1-review.md, F1). The test model
 of the hardware (tests/mfma_model.py) is written from the sources above, not from this module.

@@ -13,25 +13,31 @@ Why this decomposition:
   the row holding 8 contiguous columns per thread, which is also the MXFP8 layout: four
   neighbouring lanes form one 32-block.
 - The GEMVs use the scaled MFMA v_mfma_scale_f32_16x16x128_f8f6f4 with the weight as operand A
-  (16 output rows) and the MXFP8 activations as operand B (16 tokens); each lane's E8M0 scale
-  covers exactly its 32 K values (for the weight, the code of its 128 x 128 block, the same in
-  every lane of a step). The lane maps, task decoding, split-K slots and the preshuffle and
-  KV-record offsets live in addressing.py, whose functions the CPU tests run to emulate S3 and
-  S5 MFMA by MFMA against the reference. A task's waves add their accumulators through LDS in
-  a fixed order.
+  (16 output rows) and the MXFP8 activations as operand B (16 tokens), in the operand layout of
+  the hardware-proven gfx950 code cited in addressing.py: a lane's two 16-byte pieces sit 64 K
+  apart and it passes the E8M0 of K block lane / 16 (for the weight, the code of its 128 x 128
+  block, the same in every lane of a step). The lane maps, task decoding, split-K slots and the
+  preshuffle and KV-record offsets live in addressing.py, whose functions the CPU tests run to
+  emulate S3 and S5 MFMA by MFMA (through an independent model of the MFMA) and to bound every
+  GEMV access. A task's waves add their accumulators through LDS in a fixed order.
 - S3 splits K in two halves so its 256 tasks give every CU 1/256 of the 14.7 MB weight; S4 adds
   the halves (fixed order, no atomics). S5 has exactly 256 tasks at TP8.
 - Rows past the runtime m: their tasks still publish their flags (so consumers' counts are
   fixed by the bucket), but nothing is stored for them. Tokens past m in the MFMA's B operand
-  only reach output columns that are never stored.
+  only reach output columns that are never stored; the scratch holds whole 16-token tiles of
+  operand rows, so those reads stay inside it, and every buffer resource has its real size.
+- Layer 0 (do_fold 0): x, post_mix and res_mix are not read (vLLM passes x in all three).
+- NaN: clamps and amaxes use IEEE maximum / minimum (v_maximum3 / v_minimum3), so a NaN stays
+  NaN into the fp8 conversion and its block's code is 254, as in the reference.
 
 Not run on hardware: there is no AMD GPU here. What CI checks is that every bucket compiles for
-gfx950, its resources fit the persistent grid, the ISA holds the scaled MFMAs and the agent-
-scope sync instructions, that the torch reference is right, and (by CPU emulation) that the
-address arithmetic computes the reference GEMVs under the MFMA lane layout FlyDSL's own CDNA4
-atom declares. That layout, the scale operand's per-lane semantics, the fp8 conversion's
-rounding and the cross-CTA ordering on real hardware are unverified until tests/test_gpu.py
-runs on an MI355X.
+gfx950, its resources fit the persistent grid, the ISA holds the scaled MFMAs, the agent-scope
+sync instructions, the trap and the NaN-propagating clamps, that the torch reference is right,
+that the address arithmetic computes the reference GEMVs through a model of the scaled MFMA
+written from vLLM's, AITER's and Triton's gfx950 code, that every GEMV access is in bounds, and
+that the sync protocol holds on a model of the grid. The MFMA's real behaviour, the fp8
+conversion's rounding (and its NaN encoding), the trap and the cross-CTA ordering on real
+hardware are unverified until tests/test_gpu.py runs on an MI355X.
 """
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from ... import model
 from ...spec import Spec
-from ..base import Argument, LaunchShape, Template
+from ..base import COMMON_SOURCES, Argument, LaunchShape, Template
 from ..registry import register
 
 
@@ -27,7 +27,7 @@ from ..registry import register
 class KeyTableTemplate(Template):
     name = "keytable"
     spec_fields = ("ratio", "topk_width", "max_tokens")
-    source_files = ("keytable/__init__.py", "keytable/kernel.py")
+    source_files = COMMON_SOURCES + ("templates/keytable/__init__.py", "templates/keytable/kernel.py")
     kernel_module = ".keytable.kernel"
 
     def launch_shape(self, spec: Spec) -> LaunchShape:
