@@ -88,7 +88,8 @@ def emulate_gemv(weight: Fp8Weight, acts: Mxfp8Scratch, m, row_tiles, tasks, wav
             for rt in range(row_tiles):
                 lds[ad.lds_acc_slot(wave, rt, LANES[:, None], torch.arange(4)[None, :], row_tiles)] = accs[rt]
         n0, _, part = wave_work(task, 0)
-        total = sum(lds[ad.lds_acc_slot(tile * waves_per_tile + w, t, src_lane, e, row_tiles).clamp_max(lds.numel() - 1)]
+        last = lds.numel() - 1
+        total = sum(lds[ad.lds_acc_slot(tile * waves_per_tile + w, t, src_lane, e, row_tiles).clamp_max(last)]
                     for w in range(waves_per_tile))
         i, j = ad.result_lane(src_lane, e)
         token = t * 16 + j
@@ -105,7 +106,8 @@ def _problem(n, k, m, seed):
     g = torch.Generator().manual_seed(seed)
     plain = (torch.randn(n, k, generator=g) * 16).to(torch.float8_e4m3fn).view(torch.uint8)
     scales = torch.randint(118, 124, (n // 128, k // 128), generator=g, dtype=torch.uint8)
-    x = torch.randn(m, k, generator=g) * torch.exp2(torch.randint(-6, 7, (m, k // 32, 1), generator=g).float()).repeat_interleave(32, 1).squeeze(-1)
+    block_scale = torch.exp2(torch.randint(-6, 7, (m, k // 32), generator=g).float())
+    x = torch.randn(m, k, generator=g) * block_scale.repeat_interleave(32, dim=1)
     x_codes, x_scales = ref.mxfp8_quantize(x)
     assert (x_scales.view(m, -1, 4).amax(-1) != x_scales.view(m, -1, 4).amin(-1)).float().mean() > 0.9
     return plain, scales, x_codes, x_scales

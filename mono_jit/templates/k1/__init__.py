@@ -52,9 +52,9 @@ from .layout import CTAS, PIN_LDS_BYTES, THREADS, K1Layout
 class K1Template(Template):
     name = "k1"
     spec_fields = ("tp", "max_tokens")
-    source_files = COMMON_SOURCES + ("templates/_sync.py", "templates/sync_area.py", "templates/k1/__init__.py",
-                                     "templates/k1/layout.py", "templates/k1/addressing.py", "templates/k1/reference.py",
-                                     "templates/k1/kernel.py")
+    source_files = COMMON_SOURCES + (
+        "templates/_sync.py", "templates/sync_area.py", "templates/k1/__init__.py", "templates/k1/layout.py",
+        "templates/k1/addressing.py", "templates/k1/reference.py", "templates/k1/kernel.py")
     kernel_module = ".k1.kernel"
     persistent = True
     budget = Budget(scratch_bytes=0, spills=0)

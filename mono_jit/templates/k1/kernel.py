@@ -56,9 +56,9 @@ from .._dsl import (WAVE, butterfly, dsl, f32_bits, f32_from_bits, flat_view, lo
 from .._sync import arrive, leave, publish, step_tag, wait
 from ..base import Build
 from . import addressing as ad
-from .layout import (CTAS, EPS, HEAD_DIM, KV_LORA, KV_SCALE_BLOCK, KV_SCALES, LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS,
-                     MIXES, MX_BLOCK, NOPE, PARTIALS, PIN_LDS_BYTES, Q_LORA, QKV, ROPE, SEAM_CHUNK, SEAM_CHUNKS,
-                     SEAM_GROUP, STREAMS, THREADS, TILE_N, WAVES, WEIGHT_BLOCK, K1Layout)
+from .layout import (CTAS, EPS, HEAD_DIM, KV_LORA, KV_SCALE_BLOCK, KV_SCALES, LDS_ACC_WORDS, LDS_GATE_WORDS,
+                     LDS_RED_WORDS, MIXES, MX_BLOCK, NOPE, PARTIALS, PIN_LDS_BYTES, Q_LORA, QKV, ROPE, SEAM_CHUNK,
+                     SEAM_CHUNKS, SEAM_GROUP, STREAMS, THREADS, TILE_N, WAVES, WEIGHT_BLOCK, K1Layout)
 from .reference import E4M3_MAX, HC_POST_ALPHA, KV_AMAX_FLOOR, SINKHORN_ROUNDS
 
 H = model.HIDDEN
