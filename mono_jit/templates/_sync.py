@@ -17,11 +17,11 @@ is put into its error state, which HIP reports as a failed launch; LLVM AMDGPUUs
 Handler ABI"). A launch that ends normally has read no flag of an earlier launch; one that may
 have, fails. tests/test_k1_protocol.py runs this on a model of the grid.
 
-Ordering follows the AMDGPU memory
-model at agent scope: every producer thread fences (release, agent) before the CTA barrier
-after which one thread stores the flag; a consumer spins on agent-scope loads, then the CTA
-barriers and fences (acquire, agent) before it reads the data. On gfx950 these are
-`buffer_wbl2 sc1` / `buffer_inv sc1` and `sc1` flag accesses (checked in the ISA by the tests).
+Ordering follows the AMDGPU memory model at agent scope: every producer thread fences (release,
+agent) before the CTA barrier after which one thread stores the flag; a consumer spins on
+agent-scope loads, then the CTA barriers and fences (acquire, agent) before it reads the data.
+On gfx950 these are `buffer_wbl2 sc1` / `buffer_inv sc1` and `sc1` flag accesses (checked in
+the ISA by the tests).
 """
 
 import flydsl.expr as fx
