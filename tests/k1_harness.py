@@ -66,13 +66,16 @@ class K1Run:
         self.work = [zeros(self.lay.f32_words), zeros(self.lay.bytes, torch.uint8)]
 
     def set_step(self, m: int, seed: int, do_fold: int) -> Step:
-        """Random inputs for m rows, copied into the device buffers; even rows insert KV."""
+        """Random inputs for m rows, copied into the device buffers; even rows insert KV. The
+        outputs go back to the sentinel, so rows an earlier step wrote never pass for this one's."""
         x, residual, post_mix, res_mix = random_activations(m, seed)
         positions = torch.randint(0, self.w.rope.shape[0], (m,), generator=torch.Generator().manual_seed(seed))
         slots = torch.tensor([(5 + 7 * i) % (PAGES * BLOCK) if i % 2 == 0 else -1 for i in range(m)])
         for buffer, value in zip(self.inputs + [self.positions, self.slots],
                                  (x, residual, post_mix, res_mix, positions, slots)):
             buffer[: value.numel()].copy_(value.flatten())
+        for out in self.outputs.values():
+            out.fill_(SENTINEL)
         return Step(m, do_fold, x, residual, post_mix, res_mix, positions, slots)
 
     def arguments(self, step: Step) -> tuple:

@@ -74,7 +74,6 @@ def test_gemv_reads_stay_inside_their_buffers(rows, stage):
     codes_end, scales_end = (lay.x_scales, lay.qr_codes) if stage == 3 else (lay.qr_scales, lay.bytes)
     assert e["codes"] <= codes_end, f"MXFP8 codes read {e['codes'] - codes_end} bytes past their region"
     assert e["scales"] <= scales_end <= lay.bytes
-    assert lay.bytes >= e["scales"]
 
 
 @pytest.mark.parametrize("rows", STANDARD_MAX_TOKENS)

@@ -6,6 +6,7 @@ transitively (found here by parsing their imports), and editing any of them chan
 from __future__ import annotations
 
 import ast
+import importlib.util
 import shutil
 from pathlib import Path
 
@@ -32,8 +33,7 @@ def _imports(module: str) -> set[str]:
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
-            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
-            target = ".".join(base + [node.module] if node.module else base) if node.level else node.module or ""
+            target = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
             found |= {target} | {f"{target}.{alias.name}" for alias in node.names}
         elif isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
