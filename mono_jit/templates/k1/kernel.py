@@ -492,7 +492,8 @@ def _collapse_norm_quant(ROut, AttnNorm, XNorm, pre, red, u8x8, u8, lay, row, ti
         y = [_bf16(mixed[e] * inv * w[e]) for e in range_constexpr(VEC)]
         if valid:
             store(out8, row * ROW_CHUNKS + at, _bf16x8(y), fx.BFloat16, VEC)
-        _mx_store(y, u8x8, u8, lay.x_codes + row * H, lay.x_scales + row * (H // MX_BLOCK), at, valid)
+        _mx_store(y, u8x8, u8, ad.mx_code_offset(lay.x_codes, row, 0, H), ad.mx_scale_offset(lay.x_scales, row, 0, H),
+                  at, valid)
 
 
 @dsl
@@ -511,7 +512,8 @@ def _qr_norm_quant(f32x4, QNorm, QrOut, red, u8x8, u8, lay, row, tid, wave, lane
     y = [_bf16(v[e] * inv * w[e]) for e in range_constexpr(VEC)]
     if valid:
         store(flat_view(QrOut, VEC), row * chunks + at, _bf16x8(y), fx.BFloat16, VEC)
-    _mx_store(y, u8x8, u8, lay.qr_codes + row * Q_LORA, lay.qr_scales + row * (Q_LORA // MX_BLOCK), at, valid)
+    _mx_store(y, u8x8, u8, ad.mx_code_offset(lay.qr_codes, row, 0, Q_LORA),
+              ad.mx_scale_offset(lay.qr_scales, row, 0, Q_LORA), at, valid)
 
 
 @dsl
