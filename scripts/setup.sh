@@ -2,8 +2,20 @@
 # Set up mono-jit on a fresh Debian 12 machine: Debian's lld-22 / llvm-22 (an ld.lld that links
 # code object v6) and the AMDGPU device bitcode, then a venv at .venv with mono-jit installed
 # editable with its test extra. Safe to run again.
+#
+# --with-vllm: also put vLLM 0.33.0 into the same venv, lean (its pure-Python dependencies from
+# scripts/vllm-lean-requirements.txt, then vLLM with --no-deps, then no triton), for the tests in
+# tests/vllm/ that drive vLLM's real DeepSeek-V4 decoder layer and mono decode hook on the CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+with_vllm=0
+for arg in "$@"; do
+  case "$arg" in
+    --with-vllm) with_vllm=1 ;;
+    *) echo "usage: $0 [--with-vllm]" >&2; exit 2 ;;
+  esac
+done
 
 if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
 need=()
@@ -21,4 +33,19 @@ PY=${PYTHON:-python3}
 # build of several GB. pyproject keeps torch unpinned for ROCm deployments.
 .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
 .venv/bin/pip install -q --disable-pip-version-check -e ".[test]"
+
+VLLM=0.33.0
+if [ "$with_vllm" = 1 ]; then
+  if .venv/bin/python -c "import sys, vllm; sys.exit(vllm.__version__ != '$VLLM')" 2>/dev/null; then
+    echo "vLLM $VLLM already in .venv"
+  else
+    # The venv's own torch is pinned in the same command: vLLM's dependencies would otherwise
+    # replace it (vLLM pins a CUDA torch 2.14.0).
+    torch_pin="torch==$(.venv/bin/python -c "import torch; print(torch.__version__.split('+')[0])")"
+    .venv/bin/pip install -q --disable-pip-version-check "$torch_pin" -r scripts/vllm-lean-requirements.txt
+    .venv/bin/pip install -q --disable-pip-version-check --no-deps "vllm==$VLLM"
+    # xgrammar pulls triton (about 1 GB); nothing the CPU tests import needs it.
+    .venv/bin/pip uninstall -q -y triton
+  fi
+fi
 echo "mono-jit set up in $(pwd)/.venv"
