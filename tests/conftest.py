@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 
 from mono_jit.config import Settings
 from mono_jit.prebuild import prebuild
-from mono_jit.spec import Spec
+from mono_jit.spec import STANDARD_MAX_TOKENS, Spec
 from mono_jit.templates import get
 
 SMALL_SPECS = [Spec(8, 128, 8192, 1), Spec(8, 4, 1024, 1)]
@@ -45,4 +46,15 @@ def warm_cache(golden_cache, tmp_path) -> Path:
     root = tmp_path / "warm"
     shutil.copytree(golden_cache, root, symlinks=True)
     os.chmod(root, 0o700)
+    return root
+
+
+@pytest.fixture(scope="session")
+def k1_cache(tmp_path_factory) -> Path:
+    """A cache holding K1 for every standard bucket at TP8 (a runner's whole K1 grid)."""
+    root = tmp_path_factory.mktemp("k1") / "cache"
+    specs = [Spec(8, 4, 1024, t) for t in STANDARD_MAX_TOKENS]
+    summary, _ = prebuild([get("k1")], specs, settings_at(root), jobs=2, timeout=900)
+    assert not summary.failed, json.dumps(summary.failed, indent=1)[:4000]
+    assert summary.compiled == len(specs)
     return root

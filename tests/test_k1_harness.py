@@ -16,39 +16,26 @@ from mono_jit.templates.k1 import reference as ref
 
 
 def reference_launcher(bucket: int, break_it: str = ""):
-    """A stand-in for the compiled K1 that reads its arguments by K1Template.arguments' names."""
+    """A stand-in for the compiled K1 that reads its arguments by K1Template.arguments' names
+    (reference.run, the runtime's reference backend), optionally broken one way."""
     names = [a.name for a in get("k1").arguments(Spec(8, 4, 1024, bucket))]
 
     def launch(*values):
         a = dict(zip(names, values, strict=True))
-        m, heads = a["m"], 128 // 8
-        stride, shuffled = a["qkv_stride"], bool(a["qkv_shuffled"])
-        w = ref.K1Weights(
-            hc_fn=a["hc_fn"].view(24, 4 * H), hc_base=a["hc_base"], hc_scale=a["hc_scale"], attn_norm=a["attn_norm"],
-            w_qkv=a["w_qkv"].view(2048, -1 if not shuffled else H), s_qkv=a["s_qkv"].view(16, 56),
-            q_norm=a["q_norm"], kv_norm=a["kv_norm"], w_qb=a["w_qb"].view(heads * 512, a["qb_stride"]),
-            s_qb=a["s_qb"].view(heads * 4, 12), rope=a["rope"].view(-1, 64), qkv_shuffled=shuffled,
-            qb_shuffled=bool(a["qb_shuffled"]))
-        assert w.w_qkv.shape[1] == stride
+        m = a["m"]
         if break_it == "one block scale":  # one 128 x 128 block of fused_wqa_wkv read at twice its scale
-            w.s_qkv = w.s_qkv.clone()
-            w.s_qkv[2, 5] += 1
-        fold = bool(a["do_fold"])  # layer 0: x, post_mix and res_mix are unread (and passed empty)
-        x, post_mix, res_mix = ((a["x"][: m * H].view(m, H), a["post_mix"][: m * 4].view(m, 4, 1),
-                                 a["res_mix"][: m * 16].view(m, 4, 4)) if fold else (None, None, None))
-        out = ref.k1(x, a["residual"][: m * 4 * H].view(m, 4, H), post_mix, res_mix, fold, w, a["positions"][:m])
-        rows = m + 1 if break_it == "extra row" else m
-        for name, value in (("r_out", out.r), ("post_out", out.post), ("comb_out", out.comb),
-                            ("x_norm", out.x_norm), ("qr_out", out.qr), ("q_out", out.q)):
-            flat = value.flatten()
-            a[name][: flat.numel() * rows // m].copy_(torch.cat([flat, flat])[: flat.numel() * rows // m])
-        ref.kv_insert(a["kv_cache"], out.records, a["slot_mapping"][:m], a["page_stride"], a["block_size"])
+            a["s_qkv"] = a["s_qkv"].clone()
+            a["s_qkv"][2 * 56 + 5] += 1
+        ref.run(a)
+        if break_it == "extra row":  # one row more than m of every output
+            for name in ("r_out", "post_out", "comb_out", "x_norm", "qr_out", "q_out"):
+                row = a[name].numel() // bucket
+                a[name][m * row: (m + 1) * row].copy_(a[name][:row])
         if break_it == "pad byte":  # flip the pad byte of every inserted record
             for slot in a["slot_mapping"][:m].tolist():
                 if slot >= 0:
                     page, row = divmod(slot, a["block_size"])
                     a["kv_cache"][page * a["page_stride"] + a["block_size"] * 576 + row * 8 + 7] ^= 0xFF
-        a["sync"][0] += 1
 
     return launch
 

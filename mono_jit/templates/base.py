@@ -50,6 +50,19 @@ class Argument:
 
 
 @dataclass(frozen=True)
+class WorkBuffer:
+    """A device buffer the runner owns for a template's launches of one build (one per rank).
+
+    `zeroed_once`: zeroed when allocated and never written by the host again (sync areas whose
+    epochs the kernel advances); otherwise scratch whose contents no launch relies on."""
+
+    name: str  # the argument it is passed as
+    dtype: str  # torch dtype name
+    elements: int
+    zeroed_once: bool = False
+
+
+@dataclass(frozen=True)
 class Build:
     """What Template.build returns: the @flyc.jit launcher and the placeholders to compile it with."""
 
@@ -87,6 +100,10 @@ class Template(ABC):
     @abstractmethod
     def arguments(self, spec: Spec) -> tuple[Argument, ...]:
         ...
+
+    def work_buffers(self, spec: Spec) -> tuple[WorkBuffer, ...]:
+        """The runner-owned buffers among the arguments, sized from the template's layout."""
+        return ()
 
     def build(self, spec: Spec) -> Build:
         """Trace-ready launcher and placeholders (imports FlyDSL and torch)."""

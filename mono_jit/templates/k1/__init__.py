@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from ...resources import Budget
 from ...spec import Spec
-from ..base import COMMON_SOURCES, Argument, LaunchShape, Template
+from ..base import COMMON_SOURCES, Argument, LaunchShape, Template, WorkBuffer
 from ..registry import register
 from .layout import CTAS, PIN_LDS_BYTES, THREADS, K1Layout
 
@@ -103,3 +103,8 @@ class K1Template(Template):
             i("page_stride", "kv_cache.stride(0) in bytes"),
             i("block_size", "records per SWA page"),
         )
+
+    def work_buffers(self, spec: Spec) -> tuple[WorkBuffer, ...]:
+        lay = K1Layout.of(spec)
+        return (WorkBuffer("sync", "int32", lay.sync_words, zeroed_once=True),
+                WorkBuffer("work_f32", "float32", lay.f32_words), WorkBuffer("work_u8", "uint8", lay.bytes))

@@ -9,6 +9,7 @@ the fp8_ds_mla record) are from ../shared/MODEL.md and vLLM's DeepSeek-V4 model 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 import torch
 
@@ -347,3 +348,33 @@ def k1(x: torch.Tensor, residual: torch.Tensor, post_mix: torch.Tensor, res_mix:
                      q=q_heads(q_raw, w.rope, positions), kv=front.kv, records=front.records,  # S6
                      partials=partials, x_codes=x_codes, x_scales=x_scales, qkv_raw=qkv_raw,
                      qr_codes=front.qr_codes, qr_scales=front.qr_scales, q_raw=q_raw)
+
+
+def run(a: Mapping[str, Any]) -> None:
+    """K1's kernel contract (the package docstring) through the reference: read the named flat
+    arguments as the kernel would, write its outputs, the KV records and the epoch in place. The
+    runtime's reference backend launches K1 with this; layer 0's x, post_mix and res_mix are
+    never read (they may come in empty)."""
+    m, hidden = a["m"], model.HIDDEN
+    q_rows = a["s_qb"].numel() // (Q_LORA // WEIGHT_BLOCK) * WEIGHT_BLOCK  # heads x 512
+    shuffled_qkv, shuffled_qb = bool(a["qkv_shuffled"]), bool(a["qb_shuffled"])
+    w = K1Weights(
+        hc_fn=a["hc_fn"].view(-1, STREAMS * hidden), hc_base=a["hc_base"], hc_scale=a["hc_scale"],
+        attn_norm=a["attn_norm"],
+        w_qkv=a["w_qkv"].view(Q_LORA + KV_LORA, hidden if shuffled_qkv else a["qkv_stride"]),
+        s_qkv=a["s_qkv"].view((Q_LORA + KV_LORA) // WEIGHT_BLOCK, hidden // WEIGHT_BLOCK),
+        q_norm=a["q_norm"], kv_norm=a["kv_norm"],
+        w_qb=a["w_qb"].view(q_rows, Q_LORA if shuffled_qb else a["qb_stride"]),
+        s_qb=a["s_qb"].view(q_rows // WEIGHT_BLOCK, Q_LORA // WEIGHT_BLOCK), rope=a["rope"].view(-1, ROPE),
+        qkv_shuffled=shuffled_qkv, qb_shuffled=shuffled_qb)
+    do_fold = bool(a["do_fold"])
+    x, post_mix, res_mix = ((a["x"][: m * hidden].view(m, hidden), a["post_mix"][: m * STREAMS].view(m, STREAMS, 1),
+                             a["res_mix"][: m * STREAMS * STREAMS].view(m, STREAMS, STREAMS))
+                            if do_fold else (None, None, None))
+    out = k1(x, a["residual"][: m * STREAMS * hidden].view(m, STREAMS, hidden), post_mix, res_mix, do_fold, w,
+             a["positions"][:m])
+    for name, value in (("r_out", out.r), ("post_out", out.post), ("comb_out", out.comb), ("x_norm", out.x_norm),
+                        ("qr_out", out.qr), ("q_out", out.q)):
+        a[name][: value.numel()].copy_(value.flatten())
+    kv_insert(a["kv_cache"], out.records, a["slot_mapping"][:m], a["page_stride"], a["block_size"])
+    a["sync"][0] += 1

@@ -1,0 +1,102 @@
+"""Two ways to run a template's launch on named arguments, behind one interface.
+
+`hip` loads the cached code object and launches it with the kernarg buffer packed from the
+entry's metadata. `reference` runs the template's torch reference (`reference.run`, the kernel
+contract in torch) on the same tensors, CPU or GPU: the runner's whole path, from vLLM's
+tensors through the argument mapping to the outputs, then runs where there is no GPU. Both
+check the arguments against the template's declaration the same way (`kernargs.pack`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Protocol
+
+from ..spec import Spec
+from ..templates import Template
+from .kernargs import KernargError, layout, pack
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One template build ready to launch: its metadata and the backend's handle for it."""
+
+    template: str
+    spec: Spec
+    meta: Mapping[str, Any]
+    handle: Any  # hip.Function, or the reference's run function
+
+
+class Backend(Protocol):
+    name: str
+    needs_cache: bool  # resolve entries from the cache (hip) or only the template (reference)
+
+    def load(self, template: Template, spec: Spec, meta: Mapping[str, Any], hsaco: bytes | None) -> Kernel: ...
+
+    def launch(self, kernel: Kernel, values: Mapping[str, Any], stream: int) -> None: ...
+
+
+def declared_meta(template: Template, spec: Spec) -> dict[str, Any]:
+    """What the reference backend checks arguments against when no entry is loaded: the
+    template's arguments, with the code-object table FlyDSL would give them."""
+    table, offset = [], 0
+    for argument in template.arguments(spec):
+        parts = [("global_buffer", 8), ("by_value", 4)] if argument.kind == "tensor" else [("by_value", 4)]
+        for kind, size in parts:
+            offset = -(-offset // size) * size
+            table.append({"offset": offset, "size": size, "value_kind": kind})
+            offset += size
+    return {"template": template.name, "arguments": [a.as_dict() for a in template.arguments(spec)],
+            "kernels": [{"args": table}], "launch": template.launch_shape(spec).as_dict()}
+
+
+class HipBackend:
+    """Launches cached HSACO through HIP on torch's current stream."""
+
+    name = "hip"
+    needs_cache = True
+
+    def __init__(self) -> None:
+        from .hip import Hip
+
+        self.hip = Hip.get()
+
+    def load(self, template: Template, spec: Spec, meta: Mapping[str, Any], hsaco: bytes | None) -> Kernel:
+        launches = meta["launches"]
+        if len(launches) != 1:
+            raise KernargError(f"{template.name}: {len(launches)} launches in its entry; the runner launches one")
+        layout(meta)  # checked at load: an entry whose table does not fit fails before any step
+        return Kernel(template.name, spec, meta, self.hip.load(hsaco, launches[0]["kernel"]))
+
+    def launch(self, kernel: Kernel, values: Mapping[str, Any], stream: int) -> None:
+        shape = kernel.meta["launch"]
+        self.hip.launch(kernel.handle, tuple(shape["grid"]), tuple(shape["block"]), shape["dynamic_lds"], stream,
+                        pack(kernel.meta, values))
+
+
+class ReferenceBackend:
+    """Runs each template's torch reference on the arguments (no GPU, no cache needed)."""
+
+    name = "reference"
+    needs_cache = False
+
+    def load(self, template: Template, spec: Spec, meta: Mapping[str, Any], hsaco: bytes | None) -> Kernel:
+        module = importlib.import_module(f"{type(template).__module__}.reference")
+        run: Callable[[Mapping[str, Any]], None] | None = getattr(module, "run", None)
+        if run is None:
+            raise KernargError(f"{template.name}: its reference has no run() (the kernel contract in torch)")
+        return Kernel(template.name, spec, meta or declared_meta(template, spec), run)
+
+    def launch(self, kernel: Kernel, values: Mapping[str, Any], stream: int) -> None:
+        pack(kernel.meta, values)  # the same argument checks as a real launch
+        kernel.handle(dict(values))
+
+
+def backend(name: str) -> Backend:
+    """The backend called `name` ("hip" or "reference")."""
+    if name == "hip":
+        return HipBackend()
+    if name == "reference":
+        return ReferenceBackend()
+    raise ValueError(f"backend {name!r}: expected 'hip' or 'reference'")

@@ -1,0 +1,66 @@
+"""The kernels one rank's runner needs, resolved and loaded in one go before any capture.
+
+A layer runs K1 (by max-tokens bucket) and K2 (by compress ratio, key-table width and bucket);
+the grid is every such build of the deployment. `load_grid` resolves each from the cache (a hit
+loads; a miss compiles once per host, single flight, unless offline mode makes it an error) and
+hands each to the backend. It raises on the first build it cannot provide, with the reason;
+the runner turns that into an all-rank fallback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from .. import model
+from ..config import Settings
+from ..spec import STANDARD_MAX_TOKENS, Spec
+from ..templates import get
+from .backends import Backend, Kernel
+
+LAYER_TEMPLATES = ("k1", "k2")
+
+
+@dataclass(frozen=True)
+class Build:
+    """One (template, spec) of the grid; `spec` carries the fields the template ignores too."""
+
+    template: str
+    spec: Spec
+
+    @property
+    def bucket(self) -> int:
+        return self.spec.max_tokens
+
+
+def layer_grid(tp: int, hca_width: int, templates: Iterable[str] = LAYER_TEMPLATES,
+               buckets: Iterable[int] = STANDARD_MAX_TOKENS, arch: str = "gfx950") -> list[Build]:
+    """Every build the layer's launches need: one per distinct key of each template."""
+    widths = {model.CSA_RATIO: model.CSA_INDEX_TOPK, model.HCA_RATIO: hca_width}
+    grid: list[Build] = []
+    for name in templates:
+        template = get(name)
+        seen: set[tuple] = set()
+        for ratio, width in widths.items():
+            for bucket in sorted(set(buckets)):
+                spec = Spec(tp, ratio, width, bucket, arch)
+                key = tuple(template.key_spec(spec).items())
+                if key not in seen:
+                    seen.add(key)
+                    grid.append(Build(name, spec))
+    return grid
+
+
+def load_grid(grid: list[Build], backend: Backend, settings: Settings | None = None) -> dict[Build, Kernel]:
+    """Each build, resolved (hip: from the cache) and loaded by the backend."""
+    kernels: dict[Build, Kernel] = {}
+    for build in grid:
+        template = get(build.template)
+        if backend.needs_cache:
+            from ..resolve import resolve
+
+            resolved = resolve(template, build.spec, settings=settings)
+            kernels[build] = backend.load(template, build.spec, resolved.meta, resolved.hsaco)
+        else:
+            kernels[build] = backend.load(template, build.spec, {}, None)
+    return kernels

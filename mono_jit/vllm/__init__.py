@@ -1,0 +1,29 @@
+"""mono-jit's vLLM plug-in: vLLM's `--monokernel` layers run on mono-jit's runner.
+
+vLLM 0.33 loads every `vllm.general_plugins` entry point in each of its processes before a
+model is built (`vllm/plugins/__init__.py`). `register` installs, once, an import finder that
+answers for `vllm.models.deepseek_v4.amd.mono.runner`, the module vLLM's own hook
+(`vllm/models/deepseek_v4/amd/mono_decode.py`) imports lazily for `BLOCKS`, `MonoRunner`,
+`AttnWeights` and `MonoLayerWeights`; it gets mono-jit's (`served.py`). vLLM's
+`MonoDecodeLayer` keeps every gate of its own. Nothing else of vLLM is touched, and without
+`--monokernel` the module is never imported, so the plug-in costs nothing.
+
+`MONO_JIT_VLLM=0` leaves vLLM's own module in place; so does a vLLM other than the one the
+plug-in was written against (logged once). `register` imports nothing of vLLM, torch or FlyDSL.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from .finder import RunnerFinder
+
+
+def register() -> None:
+    """The entry point: install the finder (idempotent, cheap)."""
+    from ..config import Settings
+
+    if not Settings().vllm_plugin:
+        return
+    if not any(isinstance(finder, RunnerFinder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, RunnerFinder())

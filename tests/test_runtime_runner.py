@@ -1,0 +1,96 @@
+"""The runner on the CPU: vLLM's hook arguments -> K1's argument mapping -> the reference
+backend -> vLLM's select, and the all-rank fallback when anything is missing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hook_inputs import Dims, expected_front, hook_step, layer_weights, random_weights
+
+from mono_jit.errors import CaptureError
+from mono_jit.runtime import runner as runner_module
+from mono_jit.runtime.backends import ReferenceBackend
+from mono_jit.runtime.runner import DECLINED, MonoRunner
+from mono_jit.runtime.weights import WeightError
+
+
+@pytest.fixture(scope="module")
+def k1_weights():
+    return random_weights(row_pad=256, positions=64)
+
+
+@pytest.fixture(scope="module")
+def weights(k1_weights):
+    w = layer_weights(k1_weights)
+    w.attn.check(Dims())
+    w.check(Dims())
+    return w
+
+
+def front_runner(**kwargs) -> MonoRunner:
+    return MonoRunner(8, 0, None, "cpu", 8192, templates=("k1",), backend=ReferenceBackend(), **kwargs)
+
+
+@pytest.mark.parametrize("m, first, rows", [(3, False, 3), (1, True, 1), (5, False, 8)])
+def test_the_front_through_the_reference_matches_k1_on_vllms_tensors(k1_weights, weights, m, first, rows):
+    runner = front_runner()
+    assert runner.declined is None
+    step = hook_step(weights, m, first, rows=rows)
+    want, cache = expected_front(k1_weights, step)
+    out = runner.forward(*step.args, **step.kwargs)
+    assert out[:4] is None  # no K2 yet: the layer goes on in vLLM's path
+    got = runner.front_out
+    for name, expected in (("r_out", want.r), ("post_out", want.post), ("comb_out", want.comb),
+                           ("x_norm", want.x_norm), ("qr_out", want.qr), ("q_out", want.q)):
+        assert torch.equal(got[name][:rows], expected), name
+    view = step.args[7]
+    assert torch.equal(view.as_strided(cache.shape, (1,)), cache), "KV records not where vLLM's pages hold them"
+    (normed, qr), = step.selected
+    assert torch.equal(normed, want.x_norm) and torch.equal(qr, want.qr)
+
+
+def test_a_grid_that_needs_k2_declines_on_every_step_without_running_anything(weights):
+    runner = MonoRunner(8, 0, None, "cpu", 8192, backend=ReferenceBackend())
+    assert "k2" in runner.declined and "rank 0" in runner.declined
+    step = hook_step(weights, 2, False)
+    assert runner.forward(*step.args, **step.kwargs)[:4] is None
+    assert step.selected == []
+
+
+def test_the_runner_is_never_built_inside_a_capture(monkeypatch):
+    monkeypatch.setattr(runner_module, "_capturing", lambda: True)
+    with pytest.raises(CaptureError, match="graph capture"):
+        front_runner()
+
+
+def test_hook_tensors_that_do_not_fit_are_refused_by_name(weights):
+    runner = front_runner()
+    step = hook_step(weights, 2, False)
+    args = list(step.args)
+    args[2] = args[2].transpose(1, 2).contiguous().transpose(1, 2)  # residual, strided
+    with pytest.raises(ValueError, match="residual"):
+        runner.forward(*args, **step.kwargs)
+    args = list(step.args)
+    args[5] = args[5].to(torch.int32)
+    with pytest.raises(ValueError, match="positions"):
+        runner.forward(*args, **step.kwargs)
+
+
+def test_weights_in_another_layout_are_refused_by_name(k1_weights):
+    w = layer_weights(k1_weights)
+    w.attn.wq_b = w.attn.wq_b.contiguous()  # rows no longer 1792 bytes apart
+    with pytest.raises(WeightError, match="wq_b"):
+        w.attn.check(Dims())
+    w = layer_weights(k1_weights)
+    w.attn.wqkv_scale = w.attn.wqkv_scale.clone()
+    w.attn.wqkv_scale[1, 0] += 1  # not a 128 x 128 block's code repeated
+    with pytest.raises(WeightError, match="wqkv_scale"):
+        w.attn.check(Dims())
+    w = layer_weights(k1_weights)
+    w.bias = torch.zeros(383)
+    with pytest.raises(WeightError, match="bias"):
+        w.check(Dims())
+
+
+def test_the_declined_result_slices_to_none():
+    assert DECLINED[:4] is None and DECLINED[0] is None
