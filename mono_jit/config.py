@@ -44,6 +44,12 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _backend(text: str) -> str:
+    if text not in ("hip", "reference"):
+        raise ValueError(f"expected 'hip' or 'reference', got {text!r}")
+    return text
+
+
 # name, variable, parser, default factory, help
 _TABLE: tuple[tuple[str, str, Callable[[str], object], Callable[[], object], str], ...] = (
     ("cache_dir", "MONO_JIT_CACHE_DIR", lambda s: Path(s).expanduser(),
@@ -63,6 +69,10 @@ _TABLE: tuple[tuple[str, str, Callable[[str], object], Callable[[], object], str
      "ld.lld to link code object v6 with (default: searched)"),
     ("device_libs", "MONO_JIT_DEVICE_LIBS", lambda s: Path(s).expanduser(), lambda: None,
      "folder of AMDGPU device bitcode (ocml.bc ...) (default: searched)"),
+    ("vllm_plugin", "MONO_JIT_VLLM", _flag, lambda: True,
+     "serve vLLM's --monokernel runner with mono-jit's (0: leave vLLM's own in place)"),
+    ("backend", "MONO_JIT_BACKEND", _backend, lambda: "hip",
+     "how the runner runs the kernels: hip (the cached code objects) or reference (their torch references)"),
 )
 
 
