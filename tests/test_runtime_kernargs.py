@@ -1,0 +1,106 @@
+"""Kernarg packing on the CPU against the code-object metadata of every template (compiled for
+real): each tensor is its pointer then its i32 extent, each scalar its i32, at the offsets the
+code object's own argument table gives (read from the HSACO here, not from meta.json)."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+import torch
+from conftest import settings_at
+
+from mono_jit.cache.store import Store
+from mono_jit.hsaco import read_metadata
+from mono_jit.runtime.backends import declared_meta
+from mono_jit.runtime.kernargs import KernargError, pack
+from mono_jit.spec import Spec
+from mono_jit.templates import get
+
+
+def entries(root):
+    for entry in Store(settings_at(root)).entries():
+        assert not isinstance(entry, tuple), entry
+        yield entry
+
+
+@pytest.fixture(scope="module")
+def every_template(golden_cache, k1_cache):
+    """One compiled entry of each template: {name: entry}."""
+    found = {}
+    for root in (golden_cache, k1_cache):
+        for entry in entries(root):
+            found.setdefault(entry.meta["template"], entry)
+    assert set(found) == {"router", "keytable", "k1"}
+    return found
+
+
+def values_for(arguments: list[dict]) -> dict:
+    """A distinct small CPU tensor per tensor argument (length 3 + its index), a distinct i32 per scalar."""
+    values = {}
+    for i, a in enumerate(arguments):
+        values[a["name"]] = (torch.zeros(3 + i, dtype=getattr(torch, a["dtype"])) if a["kind"] == "tensor"
+                             else 1000 + i)
+    return values
+
+
+@pytest.mark.parametrize("name", ["router", "keytable", "k1"])
+def test_packed_bytes_sit_where_the_code_object_says(every_template, name):
+    entry = every_template[name]
+    _, kernels = read_metadata(entry.hsaco)
+    (kernel,) = kernels
+    table = [a for a in kernel.args if not a.value_kind.startswith("hidden_")]
+    values = values_for(entry.meta["arguments"])
+    buffer = pack(entry.meta, values)
+    assert len(buffer) <= kernel.kernarg_size
+    slot = iter(table)
+    for a in entry.meta["arguments"]:
+        value = values[a["name"]]
+        if a["kind"] == "tensor":
+            pointer, extent = next(slot), next(slot)
+            assert (pointer.size, pointer.value_kind, extent.size, extent.value_kind) == (8, "global_buffer", 4,
+                                                                                          "by_value")
+            assert struct.unpack_from("<Q", buffer, pointer.offset)[0] == value.data_ptr(), a["name"]
+            assert struct.unpack_from("<i", buffer, extent.offset)[0] == value.numel(), a["name"]
+        else:
+            scalar = next(slot)
+            assert scalar.size == 4 and struct.unpack_from("<i", buffer, scalar.offset)[0] == value, a["name"]
+    assert next(slot, None) is None
+
+
+@pytest.mark.parametrize("name", ["router", "keytable", "k1"])
+def test_the_reference_backends_declared_table_is_the_code_objects(every_template, name):
+    entry = every_template[name]
+    declared = declared_meta(get(name), Spec.from_dict(entry.meta["build_spec"]))
+    _, (kernel,) = read_metadata(entry.hsaco)
+    assert declared["kernels"][0]["args"] == [{"offset": a.offset, "size": a.size, "value_kind": a.value_kind}
+                                              for a in kernel.args]
+
+
+def test_bad_arguments_are_refused_by_name(every_template):
+    meta = every_template["router"].meta
+    good = values_for(meta["arguments"])
+    first_tensor = next(a for a in meta["arguments"] if a["kind"] == "tensor")
+    first_scalar = next(a for a in meta["arguments"] if a["kind"] != "tensor")
+    cases = [
+        ({**good, first_tensor["name"]: good[first_tensor["name"]].to(torch.float64)}, "dtype float64"),
+        ({**good, first_tensor["name"]: torch.zeros(4, 2, dtype=good[first_tensor["name"]].dtype).t()}, "contiguous"),
+        ({**good, first_scalar["name"]: 2**31}, "i32"),
+        ({**good, first_scalar["name"]: True}, "i32"),
+        ({k: v for k, v in good.items() if k != first_scalar["name"]}, "missing"),
+        ({**good, "extra": 1}, "unknown"),
+    ]
+    for values, message in cases:
+        with pytest.raises(KernargError, match=message):
+            pack(meta, values)
+
+
+def test_a_code_object_table_that_disagrees_with_the_template_is_refused(every_template):
+    meta = dict(every_template["router"].meta)
+    args = list(meta["kernels"][0]["args"])
+    meta["kernels"] = [{**meta["kernels"][0], "args": args[:-1]}]
+    with pytest.raises(KernargError, match="explicit arguments"):
+        pack(meta, values_for(meta["arguments"]))
+    meta["kernels"] = [{**meta["kernels"][0], "args": [{**args[0], "size": 4, "value_kind": "by_value"}] + args[1:]}]
+    with pytest.raises(KernargError, match="global_buffer"):
+        pack(meta, values_for(meta["arguments"]))
