@@ -11,7 +11,7 @@ from mono_jit.templates import all_templates
 from mono_jit.toolchain import flydsl_files_modified, resolve_toolchain
 
 from .context import cache_dir_option, settings_for
-from .options import emit_json, guarded
+from .options import Checks, emit_json, guarded
 
 
 @click.command()
@@ -22,13 +22,7 @@ from .options import emit_json, guarded
 def doctor(deep, cache_dir, as_json):
     """Check the toolchain (FlyDSL, ld.lld, device bitcode), the cache roots and their entries."""
     settings = settings_for(cache_dir)
-    checks: list[dict] = []
-
-    def check(name: str, fn):
-        try:
-            checks.append({"check": name, "ok": True, "detail": fn()})
-        except (MonoJitError, OSError) as exc:
-            checks.append({"check": name, "ok": False, "detail": str(exc)})
+    checks = Checks()
 
     def toolchain():
         tc = resolve_toolchain(settings)
@@ -49,18 +43,12 @@ def doctor(deep, cache_dir, as_json):
             raise MonoJitError(f"{len(modified)} FlyDSL files differ from RECORD: {', '.join(modified[:3])}")
         return "every file matches RECORD"
 
-    check("toolchain", toolchain)
-    check("cache", cache)
-    check("templates", lambda: sorted(all_templates()))
+    checks.run("toolchain", toolchain)
+    checks.run("cache", cache)
+    checks.run("templates", lambda: sorted(all_templates()))
     if deep:
-        check("flydsl_files", flydsl_files)
-    if as_json:
-        emit_json({"ok": all(c["ok"] for c in checks), "checks": checks})
-    else:
-        for c in checks:
-            click.echo(f"{'ok ' if c['ok'] else 'BAD'} {c['check']}: {c['detail']}")
-    if not all(c["ok"] for c in checks):
-        raise SystemExit(1)
+        checks.run("flydsl_files", flydsl_files)
+    checks.report(as_json)
 
 
 @click.command()

@@ -55,6 +55,33 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+class Checks:
+    """Named checks run in order, each ok with its detail or failed with its error, then printed
+    one a line or as JSON; a failed check makes the command exit 1."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+
+    def run(self, name: str, fn: Callable[[], Any]) -> Any:
+        try:
+            detail = fn()
+        except (MonoJitError, OSError) as exc:
+            self.rows.append({"check": name, "ok": False, "detail": str(exc)})
+            return None
+        self.rows.append({"check": name, "ok": True, "detail": detail})
+        return detail
+
+    def report(self, as_json: bool) -> None:
+        ok = all(row["ok"] for row in self.rows)
+        if as_json:
+            emit_json({"ok": ok, "checks": self.rows})
+        else:
+            for row in self.rows:
+                click.echo(f"{'ok ' if row['ok'] else 'BAD'} {row['check']}: {row['detail']}")
+        if not ok:
+            raise SystemExit(1)
+
+
 def human_bytes(size: int) -> str:
     value = float(size)
     for unit in ("B", "KiB", "MiB", "GiB"):

@@ -71,3 +71,21 @@ def test_gc_by_size_and_config_and_doctor(warm_cache):
     assert settings["offline"]["source"] == "default" and settings["cache_dir"]["source"] == "env"
     doctor = json.loads(run("doctor", "--json", *cache).stdout)
     assert doctor["ok"], doctor
+
+
+def _hip_loadable() -> bool:
+    from mono_jit.runtime.hip import Hip, HipError
+
+    try:
+        Hip.get()
+    except HipError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(_hip_loadable(), reason="this host has a HIP runtime: selftest checks the GPU instead")
+def test_selftest_without_a_gpu_says_why_in_one_check_and_exits_1(warm_cache):
+    out = run("selftest", "--json", "--cache-dir", str(warm_cache), code=1)
+    report = json.loads(out.stdout)
+    assert not report["ok"] and [c["check"] for c in report["checks"]] == ["hip"]
+    assert "libamdhip64" in report["checks"][0]["detail"] and "Traceback" not in out.output
