@@ -26,6 +26,7 @@ the layer: that is how the front half is tested end to end through vLLM's own ho
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
@@ -130,7 +131,9 @@ class MonoRunner:
         try:
             self.backend = backend or make_backend(self.settings.backend)
             grid = layer_grid(tp, max_topk or model.CSA_INDEX_TOPK, self.templates, self.buckets)
-            self.kernels = load_grid(grid, self.backend, self.settings)
+            # HIP loads a module for the calling thread's current device: make it the runner's
+            with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
+                self.kernels = load_grid(grid, self.backend, self.settings)
             self._allocate()
         except CaptureError:
             raise
