@@ -5,7 +5,6 @@ collect, and skip, where vLLM is not installed."""
 from __future__ import annotations
 
 import importlib.util
-import sys
 import types
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -118,11 +117,17 @@ def patch_deployment(mp: pytest.MonkeyPatch) -> None:
 
 
 def make_vllm_config(
-    *, monokernel: bool = True, tp: int = 8, cache_dtype: str = "fp8", **hf_overrides: Any
+    *,
+    monokernel: bool = True,
+    cache_dtype: str = "fp8",
+    parallel: dict[str, Any] | None = None,
+    **hf_overrides: Any,
 ):
-    """A real `VllmConfig` for the tiny model: real `KernelConfig` (`monokernel`), real
-    `ParallelConfig(tensor_parallel_size=tp)`, a real transformers `DeepseekV4Config`; its
-    `model_config` is a namespace (a real `ModelConfig` needs the checkpoint's files)."""
+    """A real `VllmConfig` for the tiny model: real `KernelConfig(monokernel=...)`, real
+    `ParallelConfig(**parallel)` (default TP8), `--kv-cache-dtype cache_dtype` (vLLM turns
+    "fp8" into fp8_ds_mla), a real transformers `DeepseekV4Config` (`hf_overrides` on the tiny
+    model's fields); its `model_config` is a namespace (a real `ModelConfig` needs the
+    checkpoint's files)."""
     from transformers import DeepseekV4Config
     from vllm.config import KernelConfig, ParallelConfig, VllmConfig
 
@@ -150,7 +155,7 @@ def make_vllm_config(
     )
     cfg = VllmConfig(
         kernel_config=KernelConfig(monokernel=monokernel),
-        parallel_config=ParallelConfig(tensor_parallel_size=tp),
+        parallel_config=ParallelConfig(**(parallel or {"tensor_parallel_size": 8})),
     )
     model_config = types.SimpleNamespace(
         hf_config=hf,
@@ -274,7 +279,11 @@ def stand_in_runner_module() -> types.ModuleType:
             return out
 
     mod.BLOCKS, mod.MAX_TOKENS = 256, 64
-    mod.MonoRunner, mod.AttnWeights, mod.MonoLayerWeights = MonoRunner, AttnWeights, MonoLayerWeights
+    mod.MonoRunner, mod.AttnWeights, mod.MonoLayerWeights = (
+        MonoRunner,
+        AttnWeights,
+        MonoLayerWeights,
+    )
     mod.calls = calls
     return mod
 
@@ -300,6 +309,20 @@ def mark_fallback(mp: pytest.MonkeyPatch, layer) -> list[tuple]:
     mp.setattr(layer, "_forward_fused_post_pre", fallback)
     return seen
 
+
+
+def record_declines(mp: pytest.MonkeyPatch) -> list[str]:
+    """Record why the hook declines steps (`MonoDecodeLayer._skip`'s reason; it still returns
+    None, so the layer takes its original path); returns the list of reasons."""
+    from vllm.models.deepseek_v4.amd.mono_decode import MonoDecodeLayer
+
+    reasons: list[str] = []
+
+    def skip(why: str) -> None:
+        reasons.append(why)
+
+    mp.setattr(MonoDecodeLayer, "_skip", staticmethod(skip))
+    return reasons
 
 
 # ---- a decode step -----------------------------------------------------------------------

@@ -116,7 +116,11 @@ def test_layer_has_what_the_hook_reads(tiny_model, index):
 def test_layer_kinds_are_v4_pro(tiny_model):
     """The tiny model's layers have V4-Pro's kinds: the hook's branches key on these."""
     kinds = {
-        i: (layer.attn.compress_ratio, layer.ffn.gate.tid2eid is not None, layer.attn.indexer is not None)
+        i: (
+            layer.attn.compress_ratio,
+            layer.ffn.gate.tid2eid is not None,
+            layer.attn.indexer is not None,
+        )
         for i, layer in tiny_model.layers.items()
     }
     assert kinds == {
