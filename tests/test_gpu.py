@@ -1,6 +1,6 @@
 """Kernel launches against the torch references. They need an MI355X (gfx950) and are skipped
-elsewhere; nothing here has run on hardware yet. The launch goes through FlyDSL's own JIT
-call (the ctypes runner comes with the runner issue)."""
+elsewhere; nothing here has run on hardware yet. These launch through FlyDSL's own JIT call;
+tests/test_gpu_runtime.py launches through the runner's ctypes HIP backend."""
 
 import pytest
 import torch
