@@ -210,8 +210,7 @@ class MonoRunner:
     def k1_arguments(self, call: HookCall, build: Build) -> dict[str, Any]:
         """K1's arguments (its package docstring) from the hook's tensors and this rank's buffers."""
         m, rows, attn, w = call.rows, build.bucket, call.w.attn, call.w
-        assert attn.k1_scales is not None, "AttnWeights.check() was not run"
-        s_qkv, s_qb = attn.k1_scales
+        s_qkv, s_qb = attn.k1_scales()
         flat = {name: value[:rows].view(-1) for name, value in self.front_out.items()}
         fold = call.fold
         page_stride, block = call.swa_cache.stride(0), call.swa_cache.shape[1]

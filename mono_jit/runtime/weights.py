@@ -104,7 +104,7 @@ class AttnWeights:
     attn_sink: torch.Tensor  # [>= heads] f32
     cos_sin: torch.Tensor  # [positions, 64] f32: cos | sin
     ratio: int
-    k1_scales: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+    _k1_scales: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
 
     def check(self, dims: Any) -> None:
         w, h = Widths(dims.tp), model.HIDDEN
@@ -132,8 +132,16 @@ class AttnWeights:
                               "contiguous float32 [positions, 64]")
         if self.ratio not in (model.CSA_RATIO, model.HCA_RATIO):
             raise WeightError(f"{owner}: compress ratio {self.ratio}, expected 4 or 128")
-        self.k1_scales = (checkpoint_codes(owner, "wqkv_scale", self.wqkv_scale),
-                          checkpoint_codes(owner, "wq_b_scale", self.wq_b_scale))
+        self.k1_scales()
+
+    def k1_scales(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """K1's 128 x 128 block codes of wqkv and wq_b, made once per layer (at its first, eager,
+        step: vLLM checks the weights then) and kept."""
+        if self._k1_scales is None:
+            owner = f"layer {self.layer_id} attention"
+            self._k1_scales = (checkpoint_codes(owner, "wqkv_scale", self.wqkv_scale),
+                               checkpoint_codes(owner, "wq_b_scale", self.wq_b_scale))
+        return self._k1_scales
 
 
 @dataclass
