@@ -9,9 +9,10 @@ miss can be explained field by field.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
+
+from .digest import sha256
 
 FORMAT_VERSION = 1
 # Fixed by compile_environment(): debug info off keeps the bytes free of paths and identical
@@ -35,7 +36,7 @@ def key_factors(template_name: str, source_digest: str, spec: dict, arch: str, t
 
 
 def cache_key(factors: dict) -> str:
-    return hashlib.sha256(canonical_json(factors).encode()).hexdigest()
+    return sha256(canonical_json(factors).encode()).hexdigest()
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:

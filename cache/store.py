@@ -12,13 +12,9 @@ Entry rules:
 
 from __future__ import annotations
 
-import hashlib
 import json
-import logging
 import os
-import shutil
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -27,6 +23,7 @@ from mono_jit.config import Settings
 from mono_jit.errors import InvalidCodeObject
 from mono_jit.hsaco import check_header
 
+from .digest import sha256
 from .key import cache_key, canonical_json
 from .trust import check_root, make_private_root
 
@@ -36,7 +33,25 @@ META_NAME = "meta.json"
 STAMP_NAME = "last_used"
 STAMP_INTERVAL = 3600.0
 TOOLCHAINS_DIR = "toolchains"  # <root>/v1/<arch>/toolchains/<digest>.json
-_log = logging.getLogger(__name__)
+# The hit path imports neither logging, shutil nor uuid (several ms in a fresh process): they are
+# imported where a warning, a removal or a write needs them.
+
+
+def _warn(message: str, *args: object) -> None:
+    import logging
+
+    logging.getLogger(__name__).warning(message, *args)
+
+
+def _rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def unique_suffix(chars: int = 8) -> str:
+    """Random hex for temporary names (what uuid4().hex[:chars] gave, without importing uuid)."""
+    return os.urandom((chars + 1) // 2).hex()[:chars]
 
 
 class CorruptEntry(Exception):
@@ -107,7 +122,7 @@ def verify_entry(key: str, arch: str, meta: object, hsaco: bytes) -> None:
     expected = meta.get("hsaco", {})
     if len(hsaco) != expected.get("size"):
         raise CorruptEntry(f"kernel.hsaco is {len(hsaco)} bytes, meta.json says {expected.get('size')}")
-    if hashlib.sha256(hsaco).hexdigest() != expected.get("sha256"):
+    if sha256(hsaco).hexdigest() != expected.get("sha256"):
         raise CorruptEntry("kernel.hsaco's sha256 does not match meta.json")
     try:
         check_header(hsaco, arch)
@@ -124,7 +139,7 @@ class Store:
         layers = []
         for root in settings.readonly_roots:
             if not root.is_dir():
-                _log.warning("read-only cache root %s does not exist; skipping it", root)
+                _warn("read-only cache root %s does not exist; skipping it", root)
                 continue
             check_root(root, allow)
             layers.append(Layer(root, writable=False))
@@ -175,7 +190,7 @@ class Store:
         final = self.writable.entry_dir(arch, key)
         tmp_root = self.writable.base / "tmp"
         tmp_root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = tmp_root / f"{key[:16]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp = tmp_root / f"{key[:16]}-{os.getpid()}-{unique_suffix(8)}"
         tmp.mkdir(mode=0o700)
         try:
             (tmp / HSACO_NAME).write_bytes(hsaco)
@@ -190,11 +205,11 @@ class Store:
             except OSError:
                 if not final.is_dir():
                     raise
-                shutil.rmtree(tmp, ignore_errors=True)  # lost the race: keep the winner's copy
+                _rmtree(tmp)  # lost the race: keep the winner's copy
             _fsync_dir(final.parent)
         finally:
             if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+                _rmtree(tmp)
         self._record_toolchain(arch, meta["factors"]["toolchain"])
         # Read back through the load path on purpose: it proves the published copy (or the
         # racing winner's) is whole before anyone is told it exists.
@@ -205,11 +220,11 @@ class Store:
         toolchain of its own (no FlyDSL or ld.lld on a serving host) can still find them."""
         text = canonical_json(fingerprint)
         folder = self.writable.base / arch / TOOLCHAINS_DIR
-        target = folder / f"{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
+        target = folder / f"{sha256(text.encode()).hexdigest()[:16]}.json"
         if target.exists():
             return
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = folder / f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
+        tmp = folder / f".{target.name}.{os.getpid()}.{unique_suffix(6)}"
         tmp.write_text(text)
         os.replace(tmp, target)
 
@@ -229,23 +244,23 @@ class Store:
     def quarantine(self, layer: Layer, path: Path, reason: str) -> None:
         """Set a bad entry aside (writable layer) and log why; a read-only one is only skipped."""
         if not layer.writable:
-            _log.warning("ignoring bad cache entry %s in read-only layer: %s", path, reason)
+            _warn("ignoring bad cache entry %s in read-only layer: %s", path, reason)
             return
-        target = layer.base / "quarantine" / f"{path.name}-{int(time.time())}-{uuid.uuid4().hex[:6]}"
+        target = layer.base / "quarantine" / f"{path.name}-{int(time.time())}-{unique_suffix(6)}"
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
             os.rename(path, target)
             (target / "reason.txt").write_text(reason + "\n")
-            _log.warning("quarantined bad cache entry %s -> %s: %s", path, target, reason)
+            _warn("quarantined bad cache entry %s -> %s: %s", path, target, reason)
         except OSError as exc:
-            _log.warning("bad cache entry %s (%s) could not be quarantined: %s", path, reason, exc)
+            _warn("bad cache entry %s (%s) could not be quarantined: %s", path, reason, exc)
 
     def remove(self, path: Path) -> None:
         """Delete an entry of the writable layer: rename away first so it vanishes at once."""
-        doomed = self.writable.base / "tmp" / f"rm-{path.name}-{uuid.uuid4().hex[:8]}"
+        doomed = self.writable.base / "tmp" / f"rm-{path.name}-{unique_suffix(8)}"
         doomed.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.rename(path, doomed)
-        shutil.rmtree(doomed, ignore_errors=True)
+        _rmtree(doomed)
 
     @staticmethod
     def _touch(path: Path) -> None:
