@@ -11,16 +11,17 @@ compute cache keys cheaply.
 from __future__ import annotations
 
 import glob
-import hashlib
 import importlib.util
 import json
 import os
 import re
-import shutil
-import uuid
+import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
+
+from mono_jit.cache.digest import sha256
+from mono_jit.cache.store import unique_suffix
 
 from .config import Settings
 from .errors import ToolchainError
@@ -67,13 +68,28 @@ class ProbeMemo:
 
     @staticmethod
     def signature(kind: str, files: list[Path]) -> str:
+        """The probe kind and each file's real folder, name, size, mtime and inode (stat follows
+        symlinks, so these are the target's). Folders are resolved once each: a probe of the
+        51 bitcode files costs one realpath and 51 stats, not 51 realpaths."""
         parts = [kind]
+        real: dict[str, str] = {}
         for file in files:
-            st = file.stat()
-            parts.append(f"{file.resolve()}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}")
-        return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+            name = os.fspath(file)
+            st = os.lstat(name)
+            if stat.S_ISLNK(st.st_mode):  # a symlinked file: its target names the content
+                where = os.path.realpath(name)
+                st = os.stat(where)
+            else:
+                folder, base = os.path.split(name)
+                if folder not in real:
+                    real[folder] = os.path.realpath(folder or ".")
+                where = os.path.join(real[folder], base)
+            parts.append(f"{where}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}")
+        return sha256("\n".join(parts).encode()).hexdigest()
 
     def get(self, kind: str, files: list[Path], probe: Callable[[], str]) -> str:
+        """The memoised answer of `probe` while none of `files` changed (stat signature), else
+        a fresh probe, remembered."""
         sig = self.signature(kind, files)
         if sig not in self._data:
             self._data[sig] = probe()
@@ -85,7 +101,7 @@ class ProbeMemo:
             return
         try:
             self._path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            tmp = self._path.with_name(f".{self._path.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}")
+            tmp = self._path.with_name(f".{self._path.name}.{os.getpid()}.{unique_suffix(6)}")
             tmp.write_text(json.dumps(self._data, sort_keys=True))
             os.replace(tmp, self._path)
         except OSError:
@@ -106,20 +122,30 @@ def lld_version(path: Path) -> str:
     return ".".join(g for g in match.groups() if g is not None)
 
 
-def _lld_candidates(settings: Settings) -> list[Path]:
-    found: list[Path] = []
+def _which(name: str) -> Path | None:
+    """shutil.which(name) for a POSIX PATH, without importing shutil on the cache-hit path."""
+    for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        candidate = os.path.join(folder or os.curdir, name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return Path(candidate)
+    return None
+
+
+def _lld_candidates(settings: Settings) -> Iterator[Path]:
+    """ld.lld candidates in order, generated lazily: the /usr/lib/llvm-* glob only runs when
+    nothing before it was accepted."""
     if settings.ld_lld is not None:
-        return [settings.ld_lld]  # explicit: no fallback
+        yield settings.ld_lld  # explicit: no fallback
+        return
     for root in (os.environ.get("ROCM_PATH"), "/opt/rocm"):
         if root:
-            found.append(Path(root) / "llvm" / "bin" / "ld.lld")
-    on_path = shutil.which("ld.lld")
+            yield Path(root) / "llvm" / "bin" / "ld.lld"
+    on_path = _which("ld.lld")
     if on_path:
-        found.append(Path(on_path))
+        yield on_path
     versioned = glob.glob("/usr/lib/llvm-*/bin/ld.lld")
     versioned.sort(key=lambda p: int(re.search(r"llvm-(\d+)", p).group(1)), reverse=True)  # type: ignore[union-attr]
-    found.extend(Path(p) for p in versioned)
-    return found
+    yield from (Path(p) for p in versioned)
 
 
 def find_linker(settings: Settings, memo: ProbeMemo | None = None) -> Linker:
@@ -145,16 +171,23 @@ def find_linker(settings: Settings, memo: ProbeMemo | None = None) -> Linker:
 
 
 def find_bitcode(settings: Settings) -> Path:
-    """A folder of AMDGPU device bitcode (ocml.bc, ockl.bc, ...)."""
+    """A folder of AMDGPU device bitcode (ocml.bc, ockl.bc, ...): the explicit one, else the
+    first of $ROCM_PATH, /opt/rocm, /usr/lib/*, /usr/lib/llvm-*/lib/clang/* (each glob only run
+    when nothing before it holds ocml.bc)."""
+    candidates: list[Path] = []
     if settings.device_libs is not None:
-        candidates = [settings.device_libs]
+        groups: tuple[Callable[[], list[Path]], ...] = (lambda: [settings.device_libs],)  # type: ignore[list-item]
     else:
-        candidates = [Path(r) / "amdgcn" / "bitcode" for r in (os.environ.get("ROCM_PATH"), "/opt/rocm") if r]
-        candidates += [Path(p) for p in sorted(glob.glob("/usr/lib/*/amdgcn/bitcode"))]
-        candidates += [Path(p) for p in sorted(glob.glob("/usr/lib/llvm-*/lib/clang/*/lib/amdgcn/bitcode"))]
-    for folder in candidates:
-        if (folder / "ocml.bc").is_file():
-            return folder
+        groups = (
+            lambda: [Path(r) / "amdgcn" / "bitcode" for r in (os.environ.get("ROCM_PATH"), "/opt/rocm") if r],
+            lambda: [Path(p) for p in sorted(glob.glob("/usr/lib/*/amdgcn/bitcode"))],
+            lambda: [Path(p) for p in sorted(glob.glob("/usr/lib/llvm-*/lib/clang/*/lib/amdgcn/bitcode"))],
+        )
+    for group in groups:
+        for folder in group():
+            candidates.append(folder)
+            if (folder / "ocml.bc").is_file():
+                return folder
     raise ToolchainError(
         "no AMDGPU device bitcode (ocml.bc) found in "
         f"{', '.join(map(str, candidates)) or 'any known place'}; on Debian 12: "
@@ -162,12 +195,19 @@ def find_bitcode(settings: Settings) -> Path:
     )
 
 
+def bitcode_files(folder: Path) -> list[Path]:
+    """The .bc files of a bitcode folder, sorted (what `folder.glob("*.bc")` finds: no hidden
+    names; one listdir instead of pathlib's pattern matching)."""
+    return [folder / name for name in sorted(os.listdir(folder))
+            if name.endswith(".bc") and not name.startswith(".") and os.path.isfile(folder / name)]
+
+
 def bitcode_digest(folder: Path) -> str:
     """sha256 over (name, bytes) of every .bc file, as FlyDSL's toolkit fingerprint does."""
-    digest = hashlib.sha256()
-    for path in sorted(folder.glob("*.bc")):
+    digest = sha256()
+    for path in bitcode_files(folder):
         digest.update(path.name.encode() + b"\0")
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
+        digest.update(sha256(path.read_bytes()).digest())
     return digest.hexdigest()
 
 
@@ -204,12 +244,13 @@ def flydsl_files_digest(dist_info: Path) -> str:
         line for line in record.splitlines()
         if line.startswith("flydsl") and "__pycache__" not in line and not line.split(",")[0].endswith(".pyc")
     )
-    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+    return sha256("\n".join(lines).encode()).hexdigest()
 
 
 def flydsl_files_modified() -> list[str]:
     """Installed FlyDSL files whose bytes no longer match RECORD (slow: hashes everything)."""
     import base64
+    import hashlib
     import importlib.metadata  # doctor only: its scan of every distribution is fine here
 
     dist = importlib.metadata.distribution(FLYDSL_DIST)
@@ -238,12 +279,12 @@ def stage_root(base: Path, linker: Linker, bitcode: Path) -> Path:
 
     Published by one rename so concurrent stagers never see a half-built root.
     """
-    name = hashlib.sha256(f"{linker.path.resolve()}\0{bitcode.resolve()}".encode()).hexdigest()[:16]
+    name = sha256(f"{linker.path.resolve()}\0{bitcode.resolve()}".encode()).hexdigest()[:16]
     root = base / name
     if _is_rocm_root(root, linker, bitcode):
         return root
     base.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = base / f".tmp-{uuid.uuid4().hex}"
+    tmp = base / f".tmp-{unique_suffix(32)}"
     (tmp / "llvm" / "bin").mkdir(parents=True)
     (tmp / "amdgcn").mkdir()
     (tmp / "llvm" / "bin" / "ld.lld").symlink_to(linker.path.resolve())
@@ -251,6 +292,8 @@ def stage_root(base: Path, linker: Linker, bitcode: Path) -> Path:
     try:
         os.rename(tmp, root)
     except OSError:
+        import shutil
+
         shutil.rmtree(tmp, ignore_errors=True)  # another process staged it first
         if not _is_rocm_root(root, linker, bitcode):
             raise ToolchainError(f"could not stage a toolchain root at {root}") from None
@@ -276,12 +319,15 @@ def _resolve_toolchain(settings: Settings) -> Toolchain:
     linker = find_linker(settings, memo)
     bitcode = find_bitcode(settings)
     dist_info = flydsl_dist_info()
-    bitcode_files = sorted(bitcode.glob("*.bc"))
+    record = dist_info / "RECORD"
     fingerprint = {
         "flydsl": flydsl_version(dist_info),
-        "flydsl_files": flydsl_files_digest(dist_info),
+        # Each digest is recomputed only when a file's stat signature changed (ccache's direct
+        # mode): a process start costs a few stats, not reading and hashing the files.
+        "flydsl_files": (memo.get("flydsl RECORD", [record], lambda: flydsl_files_digest(dist_info))
+                         if record.is_file() else flydsl_files_digest(dist_info)),  # (raises: no RECORD)
         "ld_lld": linker.version,
-        "device_bitcode": memo.get("bitcode", bitcode_files, lambda: bitcode_digest(bitcode)),
+        "device_bitcode": memo.get("bitcode", bitcode_files(bitcode), lambda: bitcode_digest(bitcode)),
     }
     for candidate in (os.environ.get("ROCM_PATH"), "/opt/rocm"):
         if candidate and _is_rocm_root(Path(candidate), linker, bitcode):
