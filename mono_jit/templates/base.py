@@ -9,12 +9,15 @@ class does not, so the runtime can key and load entries without them.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
+import os
+import time
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
+
+from mono_jit.cache.digest import sha256
 
 from ..resources import Budget
 from ..spec import Spec
@@ -24,6 +27,9 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent  # mono_jit/
 # against the real imports by tests/test_source_digest.py).
 COMMON_SOURCES = ("errors.py", "hsaco.py", "model.py", "resources.py", "spec.py", "templates/_dsl.py",
                   "templates/base.py")
+
+
+_source_digests: dict[tuple, str] = {}  # (package dir, files, their stat signatures) -> digest
 
 
 @dataclass(frozen=True)
@@ -84,10 +90,26 @@ class Template(ABC):
     kernel_module: ClassVar[str]  # module (relative to this package) with build(spec) -> Build
 
     def source_digest(self, package_dir: Path = PACKAGE_DIR) -> str:
-        digest = hashlib.sha256()
-        for rel in sorted(set(self.source_files)):
-            digest.update(rel.encode() + b"\0" + (package_dir / rel).read_bytes() + b"\0")
-        return digest.hexdigest()
+        """sha256 over (path, bytes) of every source file. Memoised per process by the files'
+        stat signatures (size, mtime, inode), so a grid of keys reads and hashes each template's
+        sources once, and an edited file is read again. A file modified in the last two seconds
+        is never memoised (an edit within the clock's granularity could keep its mtime)."""
+        files = sorted(set(self.source_files))
+        folder = os.fspath(package_dir)
+        stamp = []
+        for rel in files:
+            st = os.stat(os.path.join(folder, rel))
+            stamp.append((st.st_size, st.st_mtime_ns, st.st_ino))
+        memo_key = (folder, tuple(files), tuple(stamp))
+        digest = _source_digests.get(memo_key)
+        if digest is None:
+            hasher = sha256()
+            for rel in files:
+                hasher.update(rel.encode() + b"\0" + (package_dir / rel).read_bytes() + b"\0")
+            digest = hasher.hexdigest()
+            if max((mtime for _, mtime, _ in stamp), default=0) < time.time_ns() - 2_000_000_000:
+                _source_digests[memo_key] = digest
+        return digest
 
     def key_spec(self, spec: Spec) -> dict[str, object]:
         """The spec as the key sees it: only the fields this template reads."""

@@ -3,15 +3,22 @@ group ``mono_jit.templates`` (each entry a Template subclass)."""
 
 from __future__ import annotations
 
-import logging
+import importlib
 
 from ..errors import MonoJitError
 from .base import Template
 
 ENTRY_POINT_GROUP = "mono_jit.templates"
-_log = logging.getLogger(__name__)
+# Built-in template name -> its package (relative to this one), imported when first asked for.
+BUILTINS = {"k1": ".k1", "keytable": ".keytable", "router": ".router"}
 _registry: dict[str, Template] = {}
 _loaded_entry_points = False
+
+
+def _warn(message: str, *args: object) -> None:
+    import logging  # only on a broken plug-in: logging is not imported on the cache-hit path
+
+    logging.getLogger(__name__).warning(message, *args)
 
 
 def register(template_cls: type[Template]) -> type[Template]:
@@ -37,17 +44,19 @@ def _load_entry_points() -> None:
         try:
             cls = ep.load()
         except Exception as exc:  # a broken plug-in must not take the built-ins down
-            _log.warning("template entry point %s (%s) failed to load: %s", ep.name, ep.value, exc)
+            _warn("template entry point %s (%s) failed to load: %s", ep.name, ep.value, exc)
             continue
         if isinstance(cls, type) and issubclass(cls, Template):
             if cls().name not in _registry:
                 register(cls)
         else:
-            _log.warning("template entry point %s is not a Template subclass: %r", ep.name, cls)
+            _warn("template entry point %s is not a Template subclass: %r", ep.name, cls)
 
 
-def _load_builtins() -> None:
-    from . import k1, keytable, router  # noqa: F401  (registration happens on import)
+def _load_builtins(*names: str) -> None:
+    """Import the named built-ins (all when none is named); registration happens on import."""
+    for name in names or tuple(BUILTINS):
+        importlib.import_module(BUILTINS[name], __package__)
 
 
 def all_templates() -> dict[str, Template]:
@@ -58,8 +67,12 @@ def all_templates() -> dict[str, Template]:
 
 def get(name: str) -> Template:
     """The template called `name`. Built-ins win over plug-ins, so they are looked up without
-    scanning the entry points (a scan of every installed distribution)."""
-    _load_builtins()
+    scanning the entry points (a scan of every installed distribution), and only the one asked
+    for is imported."""
+    if name in _registry:
+        return _registry[name]
+    if name in BUILTINS:
+        _load_builtins(name)
     if name in _registry:
         return _registry[name]
     templates = all_templates()
