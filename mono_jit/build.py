@@ -8,13 +8,13 @@ the arch, launches matching the template's launch shape, and the resource gate.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mono_jit.cache import Entry, Store, key_factors, cache_key
+from mono_jit.cache.digest import sha256
 from mono_jit.cache.store import META_SCHEMA
 
 from . import __version__, resources
@@ -35,8 +35,13 @@ class BuildJob:
     key: str
 
     @classmethod
-    def plan(cls, template: Template, spec: Spec, toolchain_fingerprint: dict) -> "BuildJob":
-        factors = key_factors(template.name, template.source_digest(), template.key_spec(spec), spec.arch,
+    def plan(cls, template: Template, spec: Spec, toolchain_fingerprint: dict,
+             source_digest: str | None = None) -> "BuildJob":
+        """The job and its key; `source_digest` is the template's, when the caller already has it
+        (resolve_many computes it once per template for a whole grid)."""
+        if source_digest is None:
+            source_digest = template.source_digest()
+        factors = key_factors(template.name, source_digest, template.key_spec(spec), spec.arch,
                               toolchain_fingerprint)
         return cls(template, spec, factors, cache_key(factors))
 
@@ -71,7 +76,7 @@ class BuildJob:
             "spec": self.template.key_spec(self.spec),
             "build_spec": self.spec.as_dict(),
             "arch": self.arch,
-            "hsaco": {"size": len(hsaco), "sha256": hashlib.sha256(hsaco).hexdigest()},
+            "hsaco": {"size": len(hsaco), "sha256": sha256(hsaco).hexdigest()},
             "kernels": [k.as_dict() for k in kernels],
             "launches": result["launches"],
             "launch": self.template.launch_shape(self.spec).as_dict(),

@@ -3,14 +3,20 @@
 ``resolve`` checks the store (read-only layers, then the writable one); on a miss it takes the
 key's lock, checks again and compiles in an isolated worker, so eight ranks starting together
 compile each key once. A process with no toolchain to fingerprint (no FlyDSL or ld.lld, as on
-a lean serving image) looks the spec up under the toolchains recorded in the layers instead. ``MONO_JIT_OFFLINE=1`` makes a miss an error naming the prebuild command.
-Inside a CUDA/HIP graph capture it raises before touching the disk. It imports neither torch
-nor FlyDSL (a compile happens in a worker process).
+a lean serving image) looks the spec up under the toolchains recorded in the layers instead.
+``MONO_JIT_OFFLINE=1`` makes a miss an error naming the prebuild command. Inside a CUDA/HIP
+graph capture it raises before touching the disk. ``resolve_many`` resolves a runner's whole
+grid with one settings / store / toolchain resolution.
+
+A hit imports neither torch, FlyDSL, MLIR nor the compile side (compiler, workers, the lock),
+and not hashlib, logging, shutil or uuid either: a warm load in a fresh process is mostly
+Python's own imports (tests/test_warm_load.py, bench/warm_load.py).
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from mono_jit.cache import Entry, Store
@@ -20,7 +26,7 @@ from .config import Settings
 from .errors import CaptureError, OfflineMiss, ToolchainError
 from .spec import Spec
 from .templates import Template, get
-from .toolchain import compile_environment, resolve_toolchain
+from .toolchain import Toolchain, compile_environment, resolve_toolchain
 
 
 @dataclass(frozen=True)
@@ -64,48 +70,105 @@ def compile_job(job: BuildJob, store: Store, env: dict[str, str], timeout: float
     return job.finish(store, outcome)
 
 
-def _resolve_without_toolchain(template: Template, spec: Spec, store: Store, unavailable: ToolchainError) -> Resolved:
-    """No toolchain to fingerprint here (a serving host without FlyDSL or ld.lld): look the spec
-    up under each toolchain that built entries in the layers; nothing can be compiled."""
-    for fingerprint in store.recorded_toolchains(spec.arch):
-        job = BuildJob.plan(template, spec, fingerprint)
+def _capture_error(what: str) -> CaptureError:
+    return CaptureError(
+        f"mono-jit resolve({what}) was called during a graph capture: resolve every kernel in the eager warm-up step"
+    )
+
+
+class _Session:
+    """What every resolve of one call shares: settings, store, the toolchain (resolved once) and,
+    without a toolchain, the fingerprints recorded in the layers (read once)."""
+
+    def __init__(self, settings: Settings | None, store: Store | None) -> None:
+        self.settings = settings or Settings()
+        self.store = store or Store(self.settings)
+        try:
+            self.toolchain: Toolchain | None = resolve_toolchain(self.settings)
+            self.unavailable: ToolchainError | None = None
+        except ToolchainError as exc:
+            self.toolchain, self.unavailable = None, exc
+        self._recorded: dict[str, list[dict]] = {}
+        self._by_key: dict[str, Resolved] = {}
+        self._digests: dict[int, tuple[Template, str]] = {}  # id -> (template, its source digest)
+
+    def plan(self, template: Template, spec: Spec, fingerprint: dict) -> BuildJob:
+        """The job, with each template's source digest computed once per session."""
+        known = self._digests.get(id(template))
+        if known is None:
+            known = self._digests[id(template)] = (template, template.source_digest())
+        return BuildJob.plan(template, spec, fingerprint, known[1])
+
+    def resolve(self, template: Template, spec: Spec) -> Resolved:
+        if self.toolchain is None:
+            return self._without_toolchain(template, spec)
+        job = self.plan(template, spec, self.toolchain.fingerprint)
+        done = self._by_key.get(job.key)
+        if done is None:
+            done = self._by_key[job.key] = self._resolve_job(job)
+        return done
+
+    def _resolve_job(self, job: BuildJob) -> Resolved:
+        store, settings, spec = self.store, self.settings, job.spec
         entry = store.lookup(job.key, job.arch)
         if entry is not None:
             return Resolved(entry, compiled=False)
-    raise ToolchainError(
-        f"{template.name} [{spec.label()}] is in no cache layer under any recorded toolchain, and it cannot "
-        f"be compiled here: {unavailable}"
-    )
+        if settings.offline:
+            raise OfflineMiss(
+                f"{job.label} [{spec.label()}] is not in the cache (key {job.key[:16]}) and MONO_JIT_OFFLINE=1; "
+                f"fill it with: {prebuild_command(job)}  (mono-jit explain shows why it missed)"
+            )
+        from mono_jit.cache.lock import single_flight  # filelock: only a miss needs it
+
+        with single_flight(settings.locks(), job.key, settings.lock_timeout, job.label):
+            entry = store.lookup(job.key, job.arch)
+            if entry is not None:
+                return Resolved(entry, compiled=False)
+            env = compile_environment(self.toolchain, spec.arch)  # type: ignore[arg-type]
+            return Resolved(compile_job(job, store, env, settings.compile_timeout), compiled=True)
+
+    def _without_toolchain(self, template: Template, spec: Spec) -> Resolved:
+        """No toolchain to fingerprint here (a serving host without FlyDSL or ld.lld): look the
+        spec up under each toolchain that built entries in the layers; nothing can be compiled."""
+        if spec.arch not in self._recorded:
+            self._recorded[spec.arch] = self.store.recorded_toolchains(spec.arch)
+        for fingerprint in self._recorded[spec.arch]:
+            job = self.plan(template, spec, fingerprint)
+            done = self._by_key.get(job.key)
+            if done is not None:
+                return done
+            entry = self.store.lookup(job.key, job.arch)
+            if entry is not None:
+                done = self._by_key[job.key] = Resolved(entry, compiled=False)
+                return done
+        raise ToolchainError(
+            f"{template.name} [{spec.label()}] is in no cache layer under any recorded toolchain, and it cannot "
+            f"be compiled here: {self.unavailable}"
+        )
 
 
 def resolve(template: str | Template, spec: Spec, *, settings: Settings | None = None,
             store: Store | None = None) -> Resolved:
+    """Verified bytes and metadata of one template at one spec (a hit loads, a miss compiles)."""
     if _capturing():
-        raise CaptureError(
-            f"mono-jit resolve({template if isinstance(template, str) else template.name}, {spec.label()}) "
-            "was called during a graph capture: resolve every kernel in the eager warm-up step"
-        )
-    settings = settings or Settings()
-    store = store or Store(settings)
-    template = get(template) if isinstance(template, str) else template
-    try:
-        toolchain = resolve_toolchain(settings)
-    except ToolchainError as unavailable:
-        return _resolve_without_toolchain(template, spec, store, unavailable)
-    job = BuildJob.plan(template, spec, toolchain.fingerprint)
-    entry = store.lookup(job.key, job.arch)
-    if entry is not None:
-        return Resolved(entry, compiled=False)
-    if settings.offline:
-        raise OfflineMiss(
-            f"{job.label} [{spec.label()}] is not in the cache (key {job.key[:16]}) and MONO_JIT_OFFLINE=1; "
-            f"fill it with: {prebuild_command(job)}  (mono-jit explain shows why it missed)"
-        )
-    from mono_jit.cache.lock import single_flight  # filelock: only a miss needs it
+        raise _capture_error(f"{template if isinstance(template, str) else template.name}, {spec.label()}")
+    session = _Session(settings, store)
+    return session.resolve(get(template) if isinstance(template, str) else template, spec)
 
-    with single_flight(settings.locks(), job.key, settings.lock_timeout, job.label):
-        entry = store.lookup(job.key, job.arch)
-        if entry is not None:
-            return Resolved(entry, compiled=False)
-        env = compile_environment(toolchain, spec.arch)
-        return Resolved(compile_job(job, store, env, settings.compile_timeout), compiled=True)
+
+def resolve_many(pairs: Iterable[tuple[str | Template, Spec]], *, settings: Settings | None = None,
+                 store: Store | None = None) -> list[Resolved]:
+    """``resolve`` for every (template, spec) pair, in order, sharing one Settings, Store and
+    toolchain resolution: what a runner calls for its whole deployment grid before any capture.
+
+    Each pair is verified as ``resolve`` verifies it (size, sha256, key, ELF header); pairs whose
+    keys coincide (a template that does not read a field) share one load and one Resolved. A miss
+    compiles as ``resolve`` does (single flight, or OfflineMiss when offline); the first failure
+    raises. With a warm cache it imports neither FlyDSL, torch nor the compile side.
+    """
+    pairs = list(pairs)
+    if _capturing():
+        what = ", ".join(f"{t if isinstance(t, str) else t.name}, {s.label()}" for t, s in pairs[:2])
+        raise _capture_error(what + (f", ... ({len(pairs)} pairs)" if len(pairs) > 2 else ""))
+    session = _Session(settings, store)
+    return [session.resolve(get(t) if isinstance(t, str) else t, spec) for t, spec in pairs]
