@@ -43,7 +43,7 @@ class Resolved:
         return self.entry.meta
 
 
-def _capturing() -> bool:
+def capturing() -> bool:
     """True inside a CUDA/HIP graph capture on the current stream (only if torch is loaded)."""
     torch = sys.modules.get("torch")
     if torch is None:
@@ -150,7 +150,7 @@ class _Session:
 def resolve(template: str | Template, spec: Spec, *, settings: Settings | None = None,
             store: Store | None = None) -> Resolved:
     """Verified bytes and metadata of one template at one spec (a hit loads, a miss compiles)."""
-    if _capturing():
+    if capturing():
         raise _capture_error(f"{template if isinstance(template, str) else template.name}, {spec.label()}")
     session = _Session(settings, store)
     return session.resolve(get(template) if isinstance(template, str) else template, spec)
@@ -167,7 +167,7 @@ def resolve_many(pairs: Iterable[tuple[str | Template, Spec]], *, settings: Sett
     raises. With a warm cache it imports neither FlyDSL, torch nor the compile side.
     """
     pairs = list(pairs)
-    if _capturing():
+    if capturing():
         what = ", ".join(f"{t if isinstance(t, str) else t.name}, {s.label()}" for t, s in pairs[:2])
         raise _capture_error(what + (f", ... ({len(pairs)} pairs)" if len(pairs) > 2 else ""))
     session = _Session(settings, store)

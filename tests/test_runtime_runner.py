@@ -58,7 +58,7 @@ def test_a_grid_that_needs_k2_declines_on_every_step_without_running_anything(we
 
 
 def test_the_runner_is_never_built_inside_a_capture(monkeypatch):
-    monkeypatch.setattr(runner_module, "_capturing", lambda: True)
+    monkeypatch.setattr(runner_module, "capturing", lambda: True)
     with pytest.raises(CaptureError, match="graph capture"):
         front_runner()
 

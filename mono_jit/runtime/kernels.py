@@ -52,15 +52,12 @@ def layer_grid(tp: int, hca_width: int, templates: Iterable[str] = LAYER_TEMPLAT
 
 
 def load_grid(grid: list[Build], backend: Backend, settings: Settings | None = None) -> dict[Build, Kernel]:
-    """Each build, resolved (hip: from the cache) and loaded by the backend."""
-    kernels: dict[Build, Kernel] = {}
-    for build in grid:
-        template = get(build.template)
-        if backend.needs_cache:
-            from ..resolve import resolve
+    """Each build, resolved (hip: from the cache, the whole grid in one `resolve_many`) and
+    loaded by the backend."""
+    templates = {name: get(name) for name in {build.template for build in grid}}
+    if not backend.needs_cache:
+        return {b: backend.load(templates[b.template], b.spec, {}, None) for b in grid}
+    from ..resolve import resolve_many
 
-            resolved = resolve(template, build.spec, settings=settings)
-            kernels[build] = backend.load(template, build.spec, resolved.meta, resolved.hsaco)
-        else:
-            kernels[build] = backend.load(template, build.spec, {}, None)
-    return kernels
+    resolved = resolve_many([(templates[b.template], b.spec) for b in grid], settings=settings)
+    return {b: backend.load(templates[b.template], b.spec, r.meta, r.hsaco) for b, r in zip(grid, resolved)}

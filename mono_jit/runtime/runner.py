@@ -36,7 +36,7 @@ import torch
 from .. import model
 from ..config import Settings
 from ..errors import CaptureError
-from ..resolve import _capturing
+from ..resolve import capturing
 from ..spec import STANDARD_MAX_TOKENS, bucket_for
 from ..templates import get
 from .agree import agree
@@ -118,7 +118,7 @@ class MonoRunner:
     def __init__(self, tp: int, rank: int, group: Any, device: torch.device | str, max_topk: int = 0, *,
                  templates: Iterable[str] = LAYER_TEMPLATES, buckets: Iterable[int] = STANDARD_MAX_TOKENS,
                  settings: Settings | None = None, backend: Backend | None = None) -> None:
-        if _capturing():
+        if capturing():
             raise CaptureError("mono-jit's runner was first built inside a graph capture: its kernels and buffers "
                                "are set up at an eager decode step (vLLM warms every graph size up eagerly first)")
         self.tp, self.rank, self.device = tp, rank, torch.device(device)
