@@ -111,8 +111,8 @@ def hook_step(w: MonoLayerWeights, m: int, first: bool, seed: int = 5, rows: int
 
 
 def expected_front(k1: ref.K1Weights, step: HookStep) -> tuple[ref.K1Outputs, torch.Tensor]:
-    """reference.k1 on the step's rows (pad rows too: K1 runs M rows) and the cache bytes after its KV insert, computed from
-    the K1 weights directly (not through the runner's argument mapping)."""
+    """reference.k1 on the step's rows (pad rows too: K1 runs M rows) and the cache bytes after
+    its KV insert, computed from the K1 weights directly (not through the runner's mapping)."""
     _, x, residual, post_mix, res_mix, positions, slots, view = step.args[:8]
     fold = step.kwargs["fold"]
     out = ref.k1(x if fold else None, residual, post_mix if fold else None, res_mix if fold else None, fold, k1,

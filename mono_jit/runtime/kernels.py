@@ -22,7 +22,7 @@ LAYER_TEMPLATES = ("k1", "k2")
 
 
 @dataclass(frozen=True)
-class Build:
+class GridEntry:
     """One (template, spec) of the grid; `spec` carries the fields the template ignores too."""
 
     template: str
@@ -34,10 +34,10 @@ class Build:
 
 
 def layer_grid(tp: int, hca_width: int, templates: Iterable[str] = LAYER_TEMPLATES,
-               buckets: Iterable[int] = STANDARD_MAX_TOKENS, arch: str = "gfx950") -> list[Build]:
+               buckets: Iterable[int] = STANDARD_MAX_TOKENS, arch: str = "gfx950") -> list[GridEntry]:
     """Every build the layer's launches need: one per distinct key of each template."""
     widths = {model.CSA_RATIO: model.CSA_INDEX_TOPK, model.HCA_RATIO: hca_width}
-    grid: list[Build] = []
+    grid: list[GridEntry] = []
     for name in templates:
         template = get(name)
         seen: set[tuple] = set()
@@ -47,11 +47,12 @@ def layer_grid(tp: int, hca_width: int, templates: Iterable[str] = LAYER_TEMPLAT
                 key = tuple(template.key_spec(spec).items())
                 if key not in seen:
                     seen.add(key)
-                    grid.append(Build(name, spec))
+                    grid.append(GridEntry(name, spec))
     return grid
 
 
-def load_grid(grid: list[Build], backend: Backend, settings: Settings | None = None) -> dict[Build, Kernel]:
+def load_grid(grid: list[GridEntry], backend: Backend,
+              settings: Settings | None = None) -> dict[GridEntry, Kernel]:
     """Each build, resolved (hip: from the cache, the whole grid in one `resolve_many`) and
     loaded by the backend."""
     templates = {name: get(name) for name in {build.template for build in grid}}

@@ -41,7 +41,7 @@ from ..spec import STANDARD_MAX_TOKENS, bucket_for
 from ..templates import get
 from .agree import agree
 from .backends import Backend, Kernel, backend as make_backend
-from .kernels import LAYER_TEMPLATES, Build, layer_grid, load_grid
+from .kernels import LAYER_TEMPLATES, GridEntry, layer_grid, load_grid
 from .weights import MonoLayerWeights
 
 log = logging.getLogger("mono_jit.runtime")
@@ -98,7 +98,8 @@ class HookCall:
             raise ValueError(f"a step of {m} rows: expected 1 to {MAX_TOKENS}")
         tensors = [("residual", self.residual, torch.bfloat16, (m, STREAMS, H))]
         if self.fold:
-            tensors += [("x", self.x, torch.bfloat16, (m, H)), ("post_mix", self.post_mix, torch.float32, (m, STREAMS, 1)),
+            tensors += [("x", self.x, torch.bfloat16, (m, H)),
+                        ("post_mix", self.post_mix, torch.float32, (m, STREAMS, 1)),
                         ("res_mix", self.res_mix, torch.float32, (m, STREAMS, STREAMS))]
         for name, tensor, dtype, shape in tensors:
             if tensor.dtype != dtype or tuple(tensor.shape) != shape or not tensor.is_contiguous():
@@ -107,7 +108,8 @@ class HookCall:
             if tensor.dtype != torch.int64 or tensor.dim() != 1 or tensor.shape[0] < m or not tensor.is_contiguous():
                 raise ValueError(f"{name}: {tuple(tensor.shape)} {tensor.dtype}; expected contiguous int64 [>= {m}]")
         cache = self.swa_cache
-        if cache.dtype != torch.uint8 or cache.dim() != 3 or cache.shape[2] != RECORD or cache.stride()[1:] != (RECORD, 1):
+        if cache.dtype != torch.uint8 or cache.dim() != 3 or cache.shape[2] != RECORD or \
+                cache.stride()[1:] != (RECORD, 1):
             raise ValueError(f"swa_cache: {tuple(cache.shape)} {cache.dtype} strides {cache.stride()}; expected "
                              f"uint8 [pages, block, {RECORD}] with rows {RECORD} bytes apart")
 
@@ -125,8 +127,8 @@ class MonoRunner:
         self.settings = settings or Settings()
         self.buckets = tuple(sorted(set(buckets)))
         self.templates = tuple(templates)
-        self.kernels: dict[Build, Kernel] = {}
-        self.buffers: dict[Build, dict[str, torch.Tensor]] = {}
+        self.kernels: dict[GridEntry, Kernel] = {}
+        self.buffers: dict[GridEntry, dict[str, torch.Tensor]] = {}
         why = ""
         try:
             self.backend = backend or make_backend(self.settings.backend)
@@ -166,7 +168,7 @@ class MonoRunner:
                           "qr_out": empty(rows, Q_LORA, dtype=bf16), "q_out": empty(rows, heads, HEAD_DIM, dtype=bf16)}
         self.unread = {"bfloat16": empty(0, dtype=bf16), "float32": empty(0)}
 
-    def _build(self, template: str, rows: int, ratio: int = model.CSA_RATIO) -> Build:
+    def _entry(self, template: str, rows: int, ratio: int = model.CSA_RATIO) -> GridEntry:
         bucket = bucket_for(rows, self.buckets)
         for build in self.kernels:
             if build.template == template and build.bucket == bucket and \
@@ -193,7 +195,7 @@ class MonoRunner:
     def front(self, call: HookCall) -> dict[str, torch.Tensor]:
         """K1, then vLLM's select on K1's normed input and qr; K1's outputs, [M, ...] each."""
         m = call.rows
-        build = self._build("k1", m)
+        build = self._entry("k1", m)
         self.backend.launch(self.kernels[build], self.k1_arguments(call, build), self._stream())
         outputs = {name: value[:m] for name, value in self.front_out.items()}
         call.select(outputs["x_norm"], outputs["qr_out"])
@@ -207,7 +209,7 @@ class MonoRunner:
     def _stream(self) -> int:
         return torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
 
-    def k1_arguments(self, call: HookCall, build: Build) -> dict[str, Any]:
+    def k1_arguments(self, call: HookCall, build: GridEntry) -> dict[str, Any]:
         """K1's arguments (its package docstring) from the hook's tensors and this rank's buffers."""
         m, rows, attn, w = call.rows, build.bucket, call.w.attn, call.w
         s_qkv, s_qb = attn.k1_scales()

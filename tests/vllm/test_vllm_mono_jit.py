@@ -99,7 +99,8 @@ def test_the_front_runs_on_vllms_tensors_through_vllms_hook(md, tiny_model, run_
     md._runner = MonoRunner(8, 0, tp_group.cpu_group, "cpu", HCA_WIDTH, templates=("k1",),
                             backend=ReferenceBackend())
     selected = []
-    monkeypatch.setattr(md, "_select", lambda layer, positions, normed, qr: selected.append((normed.clone(), qr.clone())))
+    monkeypatch.setattr(md, "_select",  # vLLM's own needs torch.mm(out_dtype=) (no CPU kernel)
+                        lambda layer, positions, normed, qr: selected.append((normed.clone(), qr.clone())))
     fallback = mark_fallback(monkeypatch, layer)
     step = v4_pro_step(layer, rows, first, decode_tokens)
     cache = layer.attn.swa_cache_layer.kv_cache
