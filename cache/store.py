@@ -1,12 +1,18 @@
 """Layered, content-addressed store of compiled kernels.
 
 Entry rules:
-- written whole in ``<writable>/v1/tmp/<unique>/``, each file fsynced, then published by one
-  ``rename`` of the directory (a losing racer discards its copy and uses the winner's);
+- written whole in ``<writable>/v1/tmp/<unique>/``, each file created exclusively and fsynced,
+  then published by one ``rename`` of the directory (a losing racer discards its copy and uses
+  the winner's); every folder is made with an explicit mode, whatever the umask;
 - immutable once published: reads take no lock and need no write access;
-- verified on every load: meta.json parses, its key matches the folder and the hash of its
-  factors, the HSACO's size and sha256 match, and the ELF header is AMDGPU for the arch. A bad
-  entry is moved to ``quarantine/`` when its layer is writable, and always treated as a miss;
+- trusted level by level: a layer's root, ``v1`` and ``v1/<arch>`` (a refused one is reported
+  once and skipped), the prefix folder, the entry folder and its files (owner and mode, see
+  trust.py; no symlinks below the root); files are read only when regular, under a size cap;
+- verified on every load: ``meta.sha256`` matches meta.json's bytes (so a flip anywhere in
+  meta.json is caught), meta.json parses and fits its schema (schema.py), its key matches the
+  folder and the hash of its factors, the HSACO's size and sha256 match, and the ELF header is
+  AMDGPU for the arch. A bad entry is moved to ``quarantine/`` when its layer is writable, and
+  always treated as a miss;
 - a ``last_used`` stamp beside the files is refreshed at most hourly, for gc.
 """
 
@@ -14,27 +20,38 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 from mono_jit.config import Settings
-from mono_jit.errors import InvalidCodeObject
-from mono_jit.hsaco import check_header
+from mono_jit.errors import InvalidCodeObject, MonoJitError, UntrustedRoot
+from mono_jit.hsaco import MACH_BY_ARCH, check_header
 
 from .digest import sha256
+from .fs import UnsafeFile, make_dirs, read_regular, write_new
 from .key import cache_key, canonical_json
-from .trust import check_root, make_private_root
+from .schema import meta_problem
+from .trust import check_root, level_refusal, make_private_root
 
 META_SCHEMA = 1
 HSACO_NAME = "kernel.hsaco"
 META_NAME = "meta.json"
+DIGEST_NAME = "meta.sha256"  # sha256 of meta.json's bytes, hex, then a newline
 STAMP_NAME = "last_used"
 STAMP_INTERVAL = 3600.0
 TOOLCHAINS_DIR = "toolchains"  # <root>/v1/<arch>/toolchains/<digest>.json
+HSACO_CAP = 64 << 20  # far above any kernel's code object (K1's is under 100 KiB)
+META_CAP = 1 << 20
+DIGEST_CAP = 128
+TOOLCHAIN_CAP = 64 << 10
+FILE_MODE = 0o644
 # The hit path imports neither logging, shutil nor uuid (several ms in a fresh process): they are
 # imported where a warning, a removal or a write needs them.
+
+_REPORTED: set[str] = set()
 
 
 def _warn(message: str, *args: object) -> None:
@@ -43,10 +60,32 @@ def _warn(message: str, *args: object) -> None:
     logging.getLogger(__name__).warning(message, *args)
 
 
+def _warn_once(message: str) -> None:
+    """Log `message` the first time this process sees it (a refused layer is named once)."""
+    if message not in _REPORTED:
+        _REPORTED.add(message)
+        _warn("%s", message)
+
+
 def _rmtree(path: Path) -> None:
+    """Delete a folder tree, or the link or file planted in a folder's place (never followed)."""
     import shutil
 
-    shutil.rmtree(path, ignore_errors=True)
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+def _is_dir(path: Path) -> bool:
+    """True for a real folder (a symlink to one is not)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def unique_suffix(chars: int = 8) -> str:
@@ -54,14 +93,15 @@ def unique_suffix(chars: int = 8) -> str:
     return os.urandom((chars + 1) // 2).hex()[:chars]
 
 
-class CorruptEntry(Exception):
-    """An entry failed verification (internal: the store turns it into a miss)."""
+class CorruptEntry(MonoJitError):
+    """An entry failed verification or its trust check (the store turns it into a miss)."""
 
 
 @dataclass(frozen=True)
 class Layer:
     root: Path
     writable: bool
+    allow_shared: bool = False  # MONO_JIT_ALLOW_SHARED_ROOTS: owner and mode are not checked
 
     @property
     def base(self) -> Path:
@@ -84,12 +124,9 @@ class Entry:
 
     @property
     def size(self) -> int:
-        return sum(f.stat().st_size for f in self.path.iterdir() if f.is_file())
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())
+        """Bytes of the entry's regular files (links are not followed)."""
+        with os.scandir(self.path) as items:
+            return sum(i.stat(follow_symlinks=False).st_size for i in items if i.is_file(follow_symlinks=False))
 
 
 def _fsync_dir(path: Path) -> None:
@@ -100,29 +137,63 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def read_entry(layer: Layer, path: Path, arch: str) -> Entry:
-    """Load and verify the entry at `path`; CorruptEntry says what is wrong."""
+def meta_bytes(meta: dict) -> bytes:
+    """meta.json's bytes as published (meta.sha256 covers exactly these)."""
+    return (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()
+
+
+def meta_digest(data: bytes) -> bytes:
+    """meta.sha256's bytes for meta.json's bytes `data`."""
+    return (sha256(data).hexdigest() + "\n").encode()
+
+
+def _read_file(path: Path, cap: int, allow_shared: bool) -> bytes:
+    """An entry file's bytes once its level is trusted; CorruptEntry if refused or unreadable."""
+    reason = level_refusal(path, allow_shared)
+    if reason is not None:
+        raise CorruptEntry(f"untrusted: {reason}")
     try:
-        meta = json.loads((path / META_NAME).read_text())
-        hsaco = (path / HSACO_NAME).read_bytes()
-    except (OSError, ValueError) as exc:
+        return read_regular(path, cap)
+    except UnsafeFile as exc:
+        raise CorruptEntry(f"unsafe: {exc}") from None
+    except OSError as exc:
         raise CorruptEntry(f"unreadable: {exc}") from None
+
+
+def read_entry(layer: Layer, path: Path, arch: str) -> Entry:
+    """Load and verify the entry folder at `path` (its prefix folder is the caller's to trust);
+    CorruptEntry says what is wrong."""
+    reason = level_refusal(path, layer.allow_shared) or (None if _is_dir(path) else f"{path} is not a folder")
+    if reason is not None:
+        raise CorruptEntry(f"untrusted: {reason}")
+    data = _read_file(path / META_NAME, META_CAP, layer.allow_shared)
+    if _read_file(path / DIGEST_NAME, DIGEST_CAP, layer.allow_shared) != meta_digest(data):
+        raise CorruptEntry(f"meta.json does not match {DIGEST_NAME} (changed or damaged)")
+    hsaco = _read_file(path / HSACO_NAME, HSACO_CAP, layer.allow_shared)
+    try:
+        meta = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise CorruptEntry(f"meta.json is not JSON: {exc}") from None
     verify_entry(path.name, arch, meta, hsaco)
     return Entry(layer, path, path.name, arch, meta, hsaco)
 
 
 def verify_entry(key: str, arch: str, meta: object, hsaco: bytes) -> None:
-    """The checks every load (and every bundle import) makes; CorruptEntry says what is wrong."""
+    """The checks every load (and every bundle import) makes on a parsed meta.json and the
+    HSACO bytes; CorruptEntry says what is wrong."""
     if not isinstance(meta, dict) or meta.get("schema") != META_SCHEMA:
         raise CorruptEntry(f"meta.json schema {meta.get('schema') if isinstance(meta, dict) else None!r} is not {META_SCHEMA}")
-    if meta.get("key") != key or cache_key(meta.get("factors", {})) != key:
+    problem = meta_problem(meta)
+    if problem is not None:
+        raise CorruptEntry(f"meta.json is malformed: {problem}")
+    if meta["key"] != key or cache_key(meta["factors"]) != key:
         raise CorruptEntry("meta.json's key or factors do not match the entry's key")
-    if meta.get("arch") != arch:
-        raise CorruptEntry(f"meta.json says arch {meta.get('arch')!r}, the entry sits under {arch}")
-    expected = meta.get("hsaco", {})
-    if len(hsaco) != expected.get("size"):
-        raise CorruptEntry(f"kernel.hsaco is {len(hsaco)} bytes, meta.json says {expected.get('size')}")
-    if sha256(hsaco).hexdigest() != expected.get("sha256"):
+    if meta["arch"] != arch or arch not in MACH_BY_ARCH:
+        raise CorruptEntry(f"meta.json says arch {meta['arch']!r}, the entry sits under {arch}")
+    expected = meta["hsaco"]
+    if len(hsaco) != expected["size"]:
+        raise CorruptEntry(f"kernel.hsaco is {len(hsaco)} bytes, meta.json says {expected['size']}")
+    if sha256(hsaco).hexdigest() != expected["sha256"]:
         raise CorruptEntry("kernel.hsaco's sha256 does not match meta.json")
     try:
         check_header(hsaco, arch)
@@ -141,13 +212,54 @@ class Store:
             if not root.is_dir():
                 _warn("read-only cache root %s does not exist; skipping it", root)
                 continue
-            check_root(root, allow)
-            layers.append(Layer(root, writable=False))
+            try:
+                check_root(root, allow)
+            except UntrustedRoot as exc:
+                _warn_once(f"skipping read-only cache layer {root}: {exc}")
+                continue
+            layers.append(Layer(root, writable=False, allow_shared=allow))
         writable = settings.writable_root
         make_private_root(writable)
         check_root(writable, allow)
-        self.writable = Layer(writable, writable=True)
+        self.writable = Layer(writable, writable=True, allow_shared=allow)
         self.layers: tuple[Layer, ...] = (*layers, self.writable)
+        self._arch_trust: dict[tuple[Path, str], bool] = {}
+
+    # -- trust -------------------------------------------------------------------------------
+
+    def _arch_trusted(self, layer: Layer, arch: str) -> bool:
+        """Whether `layer`'s v1/<arch> may serve (True when absent: it holds nothing); a refused
+        one is reported once and remembered."""
+        known = self._arch_trust.get((layer.root, arch))
+        if known is not None:
+            return known
+        folder = layer.base / arch
+        reason = level_refusal(folder, layer.allow_shared)
+        if reason is None and not os.path.lexists(folder):
+            return True
+        if reason is None and not _is_dir(folder):
+            reason = f"{folder} is not a folder"
+        if reason is not None:
+            _warn_once(f"skipping {arch} of cache layer {layer.root}: {reason}")
+        self._arch_trust[(layer.root, arch)] = reason is None
+        return reason is None
+
+    def _folder_trusted(self, layer: Layer, folder: Path) -> bool:
+        """Whether a folder below v1/<arch> (a prefix folder, toolchains/) may serve; a refused one
+        is reported once."""
+        reason = level_refusal(folder, layer.allow_shared)
+        if reason is not None:
+            _warn_once(f"skipping cache folder {folder}: {reason}")
+        return reason is None
+
+    def _private_dir(self, folder: Path) -> Path:
+        """`folder` of the writable layer, made 0700 if missing; UntrustedRoot if it is a link or
+        others can write it."""
+        make_dirs(folder)
+        reason = level_refusal(folder, self.writable.allow_shared)
+        if reason is not None:
+            raise UntrustedRoot(f"cannot write into the cache: {reason}")
+        return folder
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -155,7 +267,9 @@ class Store:
         """The first verified entry for `key` in layer order; bad entries are set aside."""
         for layer in self.layers:
             path = layer.entry_dir(arch, key)
-            if not path.is_dir():
+            if not self._arch_trusted(layer, arch) or not os.path.lexists(path.parent):
+                continue
+            if not self._folder_trusted(layer, path.parent) or not os.path.lexists(path):
                 continue
             try:
                 entry = read_entry(layer, path, arch)
@@ -168,114 +282,179 @@ class Store:
         return None
 
     def entries(self) -> Iterator[Entry | tuple[Path, str]]:
-        """Every entry in every layer (the first layer wins for a key); (path, reason) if bad."""
-        seen: set[str] = set()
+        """Every copy of every entry, layer by layer, each verified on its own (a key has a copy
+        in each layer that holds it); (path, reason) for a bad copy or a refused prefix folder."""
         for layer in self.layers:
-            if not layer.base.is_dir():
-                continue
-            for arch_dir in sorted(p for p in layer.base.iterdir() if p.is_dir() and p.name.startswith("gfx")):
-                for path in sorted(arch_dir.glob("??/*")):
-                    if path.name in seen or not path.is_dir():
-                        continue
-                    seen.add(path.name)
+            for arch in self._arches(layer):
+                for path in _entry_paths(layer, layer.base / arch):
                     try:
-                        yield read_entry(layer, path, arch_dir.name)
+                        yield read_entry(layer, path, arch)
                     except CorruptEntry as reason:
                         yield (path, str(reason))
+
+    def served(self) -> Iterator[Entry]:
+        """For each key, the copy a lookup serves: the first good copy in layer order."""
+        seen: set[tuple[str, str]] = set()
+        for item in self.entries():
+            if isinstance(item, Entry) and (item.arch, item.key) not in seen:
+                seen.add((item.arch, item.key))
+                yield item
+
+    def _arches(self, layer: Layer) -> list[str]:
+        """The trusted v1/<arch> folders of `layer`."""
+        try:
+            names = sorted(os.listdir(layer.base))
+        except OSError:
+            return []
+        return [n for n in names if n.startswith("gfx") and self._arch_trusted(layer, n)]
 
     # -- writing -----------------------------------------------------------------------------
 
     def publish(self, key: str, arch: str, hsaco: bytes, meta: dict) -> Entry:
         """Write an entry atomically into the writable layer and return it (verified)."""
         final = self.writable.entry_dir(arch, key)
-        tmp_root = self.writable.base / "tmp"
-        tmp_root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = tmp_root / f"{key[:16]}-{os.getpid()}-{unique_suffix(8)}"
+        self._private_dir(final.parent.parent)
+        self._private_dir(final.parent)
+        tmp = self._private_dir(self.writable.base / "tmp") / f"{key[:16]}-{os.getpid()}-{unique_suffix(8)}"
         tmp.mkdir(mode=0o700)
         try:
-            (tmp / HSACO_NAME).write_bytes(hsaco)
-            (tmp / META_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-            (tmp / STAMP_NAME).touch()
-            for name in (HSACO_NAME, META_NAME):
-                _fsync_file(tmp / name)
-            _fsync_dir(tmp)
-            final.parent.mkdir(parents=True, exist_ok=True)
+            _write_entry(tmp, hsaco, meta)
             try:
                 os.rename(tmp, final)
             except OSError:
-                if not final.is_dir():
+                if not _is_dir(final):
                     raise
                 _rmtree(tmp)  # lost the race: keep the winner's copy
             _fsync_dir(final.parent)
         finally:
-            if tmp.exists():
+            if os.path.lexists(tmp):
                 _rmtree(tmp)
         self._record_toolchain(arch, meta["factors"]["toolchain"])
         # Read back through the load path on purpose: it proves the published copy (or the
         # racing winner's) is whole before anyone is told it exists.
-        return read_entry(self.writable, final, arch)
+        try:
+            return read_entry(self.writable, final, arch)
+        except CorruptEntry as exc:
+            raise CorruptEntry(f"the cache entry just published at {final} is bad: {exc}") from None
 
     def _record_toolchain(self, arch: str, fingerprint: dict) -> None:
         """Remember which toolchain built entries here, so a process that cannot fingerprint a
         toolchain of its own (no FlyDSL or ld.lld on a serving host) can still find them."""
         text = canonical_json(fingerprint)
-        folder = self.writable.base / arch / TOOLCHAINS_DIR
+        folder = self._private_dir(self.writable.base / arch / TOOLCHAINS_DIR)
         target = folder / f"{sha256(text.encode()).hexdigest()[:16]}.json"
-        if target.exists():
+        if os.path.lexists(target):
             return
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = folder / f".{target.name}.{os.getpid()}.{unique_suffix(6)}"
-        tmp.write_text(text)
+        write_new(tmp, text.encode(), FILE_MODE)
         os.replace(tmp, target)
 
     def recorded_toolchains(self, arch: str) -> list[dict]:
-        """Fingerprints that built entries for `arch`, in layer order (see _record_toolchain)."""
+        """Fingerprints that built entries for `arch`, in layer order (see _record_toolchain);
+        refused folders and unsafe or malformed records are skipped."""
         found: list[dict] = []
         for layer in self.layers:
-            for path in sorted((layer.base / arch / TOOLCHAINS_DIR).glob("*.json")):
-                try:
-                    fingerprint = json.loads(path.read_text())
-                except (OSError, ValueError):
-                    continue
-                if isinstance(fingerprint, dict) and fingerprint not in found:
+            folder = layer.base / arch / TOOLCHAINS_DIR
+            if not self._arch_trusted(layer, arch) or not os.path.lexists(folder):
+                continue
+            if not self._folder_trusted(layer, folder):
+                continue
+            for fingerprint in _toolchain_records(layer, folder):
+                if fingerprint not in found:
                     found.append(fingerprint)
         return found
 
     def quarantine(self, layer: Layer, path: Path, reason: str) -> None:
-        """Set a bad entry aside (writable layer) and log why; a read-only one is only skipped."""
+        """Set a bad entry aside (writable layer) and log why; a read-only one is only skipped.
+        A link or file in an entry's place is deleted (never followed, nothing to diagnose)."""
         if not layer.writable:
-            _warn("ignoring bad cache entry %s in read-only layer: %s", path, reason)
+            _warn_once(f"ignoring bad cache entry {path} in read-only layer: {reason}")
             return
-        target = layer.base / "quarantine" / f"{path.name}-{int(time.time())}-{unique_suffix(6)}"
-        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not _is_dir(path):
+            _rmtree(path)
+            _warn("deleted %s from the cache: %s", path, reason)
+            return
         try:
+            target = self._private_dir(layer.base / "quarantine") / f"{path.name}-{int(time.time())}-{unique_suffix(6)}"
             os.rename(path, target)
-            (target / "reason.txt").write_text(reason + "\n")
-            _warn("quarantined bad cache entry %s -> %s: %s", path, target, reason)
-        except OSError as exc:
+        except (OSError, UntrustedRoot) as exc:
             _warn("bad cache entry %s (%s) could not be quarantined: %s", path, reason, exc)
+            return
+        _warn("quarantined bad cache entry %s -> %s: %s", path, target, reason)
+        try:
+            write_new(target / "reason.txt", (reason + "\n").encode(), FILE_MODE)
+        except OSError as exc:
+            _warn("could not write %s: %s", target / "reason.txt", exc)
 
     def remove(self, path: Path) -> None:
         """Delete an entry of the writable layer: rename away first so it vanishes at once."""
-        doomed = self.writable.base / "tmp" / f"rm-{path.name}-{unique_suffix(8)}"
-        doomed.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        doomed = self._private_dir(self.writable.base / "tmp") / f"rm-{path.name}-{unique_suffix(8)}"
         os.rename(path, doomed)
         _rmtree(doomed)
 
     @staticmethod
     def _touch(path: Path) -> None:
+        """Refresh the last-used stamp at most hourly, never through a link; a stamp is a hint
+        for gc, never a reason to fail a load."""
         stamp = path / STAMP_NAME
         try:
-            if time.time() - stamp.stat().st_mtime > STAMP_INTERVAL:
-                os.utime(stamp)
-        except FileNotFoundError:
-            stamp.touch()
+            if not os.path.lexists(stamp):
+                write_new(stamp, b"", FILE_MODE)
+            elif time.time() - os.lstat(stamp).st_mtime > STAMP_INTERVAL:
+                os.utime(stamp, follow_symlinks=False)
         except OSError:
-            pass  # a stamp is a hint for gc, never a reason to fail a load
+            pass
+
+
+def _write_entry(folder: Path, hsaco: bytes, meta: dict) -> None:
+    """The entry's files in the new folder `folder`, each created exclusively and fsynced."""
+    data = meta_bytes(meta)
+    write_new(folder / HSACO_NAME, hsaco, FILE_MODE)
+    write_new(folder / META_NAME, data, FILE_MODE)
+    write_new(folder / DIGEST_NAME, meta_digest(data), FILE_MODE)
+    write_new(folder / STAMP_NAME, b"", FILE_MODE)
+    _fsync_dir(folder)
+
+
+def _entry_paths(layer: Layer, arch_dir: Path) -> Iterator[Path]:
+    """Every entry path under `arch_dir` (v1/<arch>/<xx>/<key>), and each prefix folder that is
+    refused (a link, or writable by others) in place of the entries it holds."""
+    try:
+        prefixes = sorted(os.listdir(arch_dir))
+    except OSError:
+        return
+    for name in prefixes:
+        prefix = arch_dir / name
+        if len(name) != 2 or name.startswith("."):
+            continue
+        if level_refusal(prefix, layer.allow_shared) is not None or not _is_dir(prefix):
+            yield prefix
+            continue
+        try:
+            yield from (prefix / key for key in sorted(os.listdir(prefix)))
+        except OSError:
+            continue
+
+
+def _toolchain_records(layer: Layer, folder: Path) -> Iterator[dict]:
+    """The fingerprints recorded in the toolchains folder `folder` that are regular, trusted,
+    small JSON objects."""
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.endswith(".json") and not n.startswith("."))
+    except OSError:
+        return
+    for name in names:
+        try:
+            fingerprint = json.loads(_read_file(folder / name, TOOLCHAIN_CAP, layer.allow_shared))
+        except (CorruptEntry, ValueError, RecursionError):
+            continue
+        if isinstance(fingerprint, dict):
+            yield fingerprint
 
 
 def last_used(path: Path) -> float:
+    """When the entry at `path` was last loaded (its stamp, else the folder; links not followed)."""
     try:
-        return (path / STAMP_NAME).stat().st_mtime
+        return os.lstat(path / STAMP_NAME).st_mtime
     except OSError:
-        return path.stat().st_mtime
+        return os.lstat(path).st_mtime

@@ -26,7 +26,8 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON i
 
 
 def _good(store: Store) -> list[Entry]:
-    return [e for e in store.entries() if isinstance(e, Entry)]
+    """The copy each key is served from (a bad copy in one layer never hides a good one)."""
+    return list(store.served())
 
 
 def _summary(entry: Entry) -> dict:
