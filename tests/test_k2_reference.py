@@ -1,0 +1,460 @@
+"""K2 part one's torch reference against an independent formulation of vLLM's math (CPU).
+
+The world: real widths (16 heads x 512 a rank, 2 groups x 1024, hidden 7168, 8 ranks), few rows
+and keys; records in the real fp8_ds_mla encoding (K1's kv_record / kv_insert) in a paged SWA
+cache and a paged compressed cache; weights in vLLM's per-rank layouts (wo_a rows padded by 256
+bytes of e4m3 NaN, wo_b AITER-preshuffled, E8M0 block scales) cut from unsharded ones, which the
+independent formulation uses whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+from k1_inputs import rope_table
+
+from mono_jit.templates.k1 import reference as k1
+from mono_jit.templates.k2 import reference as ref
+
+H, HEADS, TP, D, NOPE = 7168, 128, 8, 512, 448
+LOCAL = HEADS // TP
+GROUPS, O_LORA, GROUP_K = 16, 1024, 8 * 512
+SWA_BLOCK, SWA_PAGES, COMP_BLOCK, COMP_PAGES = 64, 5, 16, 16
+SWA_STRIDE, COMP_STRIDE = SWA_BLOCK * 584 + 128, COMP_BLOCK * 584 + 64  # page strides past the records
+POISON_SWA = range(4 * SWA_BLOCK, 5 * SWA_BLOCK)  # NaN records: only ever masked keys point here
+POISON_COMP = range(15 * COMP_BLOCK, 16 * COMP_BLOCK)
+POSITIONS = [37, 300, 400]  # row 1 is graph padding
+PAD = 1
+EPS = 1e-6
+
+
+# -- the world ------------------------------------------------------------------------------
+
+@dataclass
+class FullWeights:
+    """Unsharded weights in checkpoint layout (fp8 as bytes, E8M0 block codes)."""
+
+    sink: torch.Tensor  # [128]
+    wo_a: torch.Tensor  # [16 x 1024, 4096]
+    s_woa: torch.Tensor  # [128, 32]
+    wo_b: torch.Tensor  # [7168, 16384]
+    s_wob: torch.Tensor  # [56, 128]
+    rope: torch.Tensor
+    hc_fn: torch.Tensor
+    hc_base: torch.Tensor
+    hc_scale: torch.Tensor
+    ffn_norm: torch.Tensor
+
+
+def random_fp8(n: int, k: int, g: torch.Generator) -> torch.Tensor:
+    """e4m3 bytes with exponent field 0..7 (|v| < 2, no NaN): bit 6 cleared."""
+    return torch.randint(0, 256, (n, k), generator=g, dtype=torch.uint8) & 0xBF
+
+
+def scale_codes(n: int, k: int, g: torch.Generator) -> torch.Tensor:
+    """E8M0 codes 121..123 (2^-6..2^-4): with |w| < 2 and o ~ 0.2, z and y come out O(1)."""
+    return torch.randint(121, 124, (n, k), generator=g, dtype=torch.uint8)
+
+
+def full_weights(seed: int = 0) -> FullWeights:
+    g = torch.Generator().manual_seed(seed)
+    return FullWeights(
+        sink=torch.randn(HEADS, generator=g) + 2.0,
+        wo_a=random_fp8(GROUPS * O_LORA, GROUP_K, g), s_woa=scale_codes(128, 32, g),
+        wo_b=random_fp8(H, GROUPS * O_LORA, g), s_wob=scale_codes(56, 128, g),
+        rope=rope_table(512, g), hc_fn=torch.randn(24, 4 * H, generator=g) * 0.01,
+        hc_base=torch.randn(24, generator=g) * 0.1, hc_scale=torch.rand(3, generator=g) + 0.5,
+        ffn_norm=(1 + 0.1 * torch.randn(H, generator=g)).to(torch.bfloat16))
+
+
+def shard(w: FullWeights, rank: int) -> ref.K2Weights:
+    """Rank `rank`'s weights as vLLM holds them: wo_a (column-parallel) its 2 groups' rows, padded
+    by 256 bytes of NaN (VLLM_ROCM_FP8_PADDING); wo_b (row-parallel) its 2048 columns, preshuffled."""
+    rows, cols = slice(2 * O_LORA * rank, 2 * O_LORA * (rank + 1)), slice(2048 * rank, 2048 * (rank + 1))
+    wo_a = torch.cat([w.wo_a[rows], torch.full((2 * O_LORA, 256), 0x7F, dtype=torch.uint8)], dim=1)
+    return ref.K2Weights(
+        attn_sink=w.sink[LOCAL * rank: LOCAL * (rank + 1)], wo_a=wo_a, s_woa=w.s_woa[16 * rank: 16 * (rank + 1)],
+        wo_b=k1.preshuffle_16x16(w.wo_b[:, cols].contiguous()), s_wob=w.s_wob[:, 16 * rank: 16 * (rank + 1)],
+        rope=w.rope, hc_ffn_fn=w.hc_fn, hc_ffn_base=w.hc_base, hc_ffn_scale=w.hc_scale, ffn_norm=w.ffn_norm)
+
+
+@dataclass
+class World:
+    inputs: ref.K2Inputs  # with the full q [M, 128, 512]
+    keys: list[list[tuple[str, int]]]  # per row: (cache, slot) of its keys, as built
+    records: dict[str, dict[int, torch.Tensor]]  # cache -> slot -> record bytes
+
+    def rank(self, r: int) -> ref.K2Inputs:
+        return dataclasses.replace(self.inputs, q=self.inputs.q[:, LOCAL * r: LOCAL * (r + 1)])
+
+
+def paged_cache(block: int, pages: int, stride: int, poison: range, g: torch.Generator
+                ) -> tuple[ref.PagedCache, dict[int, torch.Tensor]]:
+    """A cache of random bf16-valued kv records, and NaN records at the poison slots."""
+    cache = ref.PagedCache(torch.zeros(pages * stride, dtype=torch.uint8), stride, block)
+    slots = torch.arange(block * pages)
+    records = k1.kv_record(torch.randn(len(slots), D, generator=g).to(torch.bfloat16).float())
+    records[list(poison), :NOPE] = 0x7F
+    k1.kv_insert(cache.data, records, slots, stride, block)
+    return cache, {int(s): rec for s, rec in zip(slots, records)}
+
+
+def world(ratio: int, seed: int = 1) -> World:
+    g = torch.Generator().manual_seed(seed)
+    m = len(POSITIONS)
+    swa_cache, swa_records = paged_cache(SWA_BLOCK, SWA_PAGES, SWA_STRIDE, POISON_SWA, g)
+    comp_cache, comp_records = paged_cache(COMP_BLOCK, COMP_PAGES, COMP_STRIDE, POISON_COMP, g)
+    width = 1024 if ratio == 4 else 256
+    swa_indices = torch.full((m, 128), -1, dtype=torch.int32)
+    swa_lens = torch.tensor([min(p + 1, 128) for p in POSITIONS], dtype=torch.int32)
+    topk = torch.full((m, width), -1, dtype=torch.int32)
+    block_table = torch.stack([torch.randperm(15, generator=g)[:8] for _ in range(2)]).int()
+    token_req = torch.tensor([0, 99, 1], dtype=torch.int32)  # the pad row's request does not exist
+    keys: list[list[tuple[str, int]]] = []
+    for r, p in enumerate(POSITIONS):
+        if r == PAD:  # garbage that would fail any read: slots past both caches
+            swa_indices[r], topk[r] = 10 ** 6, 10 ** 6
+            keys.append([])
+            continue
+        n = int(swa_lens[r])
+        window = torch.randperm(POISON_SWA.start, generator=g)[:n].int()
+        if r == 0:
+            window[5] = -1  # a hole inside the window: masked
+        swa_indices[r, :n] = window
+        swa_indices[r, n:] = torch.tensor(POISON_SWA).repeat(2)[: 128 - n]  # past the window: masked
+        row = [("swa", int(s)) for s in window if s >= 0]
+        if ratio == 4:
+            live = (p + 1) // 4
+            local = torch.randperm(live, generator=g)[: min(live, 48)].int()
+            local[len(local) // 2] = -1  # a -1 between live entries
+            topk[r, : len(local)] = local
+            pages = block_table[int(token_req[r])]
+            row += [("comp", int(pages[i // COMP_BLOCK]) * COMP_BLOCK + int(i) % COMP_BLOCK) for i in local if i >= 0]
+        else:
+            count = 30 if r == 0 else 200
+            slots = torch.randperm(POISON_COMP.start, generator=g)[:count].int()
+            topk[r, :count] = slots
+            row += [("comp", int(s)) for s in slots]
+        keys.append(row)
+    q = torch.randn(m, HEADS, D, generator=g)
+    q = (q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + EPS)).to(torch.bfloat16)
+    inputs = ref.K2Inputs(
+        q=q, positions=torch.tensor(POSITIONS), slot_mapping=torch.tensor([5, -1, 9]), swa_indices=swa_indices,
+        swa_lens=swa_lens, topk=topk, ratio=ratio, swa_cache=swa_cache, comp_cache=comp_cache,
+        residual=torch.randn(m, 4, H, generator=g).to(torch.bfloat16), post=torch.rand(m, 4, generator=g) * 2,
+        comb=k1.sinkhorn(torch.randn(m, 4, 4, generator=g)),
+        token_req=token_req if ratio == 4 else None, block_table=block_table if ratio == 4 else None,
+        entries_per_page=COMP_BLOCK if ratio == 4 else None)
+    return World(inputs, keys, {"swa": swa_records, "comp": comp_records})
+
+
+# -- the independent formulation (vLLM's math, full width, unsharded weights) ---------------
+
+def decode_record(record: torch.Tensor) -> torch.Tensor:
+    """fp8_ds_mla bytes -> 512 f32: e4m3 x 2^(code - 127) per 64 NoPE dims, bf16 RoPE dims
+    (vllm/v1/attention/ops/rocm_aiter_mla_sparse.py:1476 _decode_e8m0_scales)."""
+    scales = torch.exp2(record[576:583].float() - 127.0).repeat_interleave(64)
+    nope = record[:NOPE].view(torch.float8_e4m3fn).float() * scales
+    return torch.cat([nope, record[NOPE:576].view(torch.bfloat16).float()])
+
+
+def dequant(w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """f32 of e4m3 bytes [N, K] with E8M0 codes [N / 128, K / 128] of 128 x 128 blocks."""
+    n, k = w.shape
+    blocks = w.view(torch.float8_e4m3fn).float().view(n // 128, 128, k // 128, 128)
+    return (blocks * torch.exp2(s.float() - 127)[:, None, :, None]).view(n, k)
+
+
+def dense_attention(wd: World, sink: torch.Tensor) -> torch.Tensor:
+    """bf16 [M, 128, 512]: softmax over [the row's keys, the sink] in f64, values the whole keys
+    (vllm/v1/attention/backends/mla/rocm_aiter_mla_sparse.py:752 reference_mla_sparse_prefill,
+    natural base, with the sink as an extra logit); a pad row's output is zero."""
+    q = wd.inputs.q.double()
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for r, row in enumerate(wd.keys):
+        if not row:
+            continue
+        kv = torch.stack([decode_record(wd.records[c][s]) for c, s in row]).double()
+        logits = torch.cat([q[r] @ kv.T * D ** -0.5, sink.double()[:, None]], dim=1)
+        out[r] = torch.softmax(logits, dim=1)[:, :-1] @ kv
+    return out.to(torch.bfloat16)
+
+
+def inverse_rope_vllm(o: torch.Tensor, rope: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """bf16: e' = e cos + o sin, o' = o cos - e sin on dims 448.. (rocm_aiter_mla_sparse.py:1505)."""
+    cos, sin = rope[positions, :32][:, None], rope[positions, 32:][:, None]
+    a, b = o[..., NOPE::2].float(), o[..., NOPE + 1::2].float()
+    out = o.clone()
+    out[..., NOPE::2], out[..., NOPE + 1::2] = (a * cos + b * sin).to(o.dtype), (b * cos - a * sin).to(o.dtype)
+    return out
+
+
+def projections(o: torch.Tensor, w: FullWeights) -> torch.Tensor:
+    """y = bf16(wo_b(bf16(wo_a per group(o)))) at full width in f32: vLLM's bf16 wo_a path
+    (rocm_aiter_mla_sparse.py:1755 rocm_inv_rope_einsum: einsum('tgd,grd->tgr')) and one wo_b
+    over all 16384 columns, which is what the sum over ranks computes."""
+    x = o.float().view(o.shape[0], GROUPS, GROUP_K)
+    z = torch.stack([x[:, g] @ dequant(w.wo_a[g * O_LORA:(g + 1) * O_LORA], w.s_woa[8 * g: 8 * (g + 1)]).T
+                     for g in range(GROUPS)], dim=1).flatten(1).to(torch.bfloat16).float()
+    y = torch.zeros(o.shape[0], H)
+    for c in range(0, GROUPS * O_LORA, 4096):  # K in chunks, for memory
+        y += z[:, c:c + 4096] @ dequant(w.wo_b[:, c:c + 4096], w.s_wob[:, c // 128:(c + 4096) // 128]).T
+    return y.to(torch.bfloat16)
+
+
+def mhc_seam(y: torch.Tensor, x: ref.K2Inputs, w: FullWeights) -> dict[str, torch.Tensor]:
+    """vllm/model_executor/kernels/mhc/torch.py:135 mhc_post_torch then :48 mhc_pre_torch with
+    hc_ffn_*, then ffn_norm fused (x rsqrt(mean x^2 + eps) x weight in f32, one bf16 rounding)."""
+    mixed = torch.einsum("mij,mih->mjh", x.comb.float(), x.residual.float())
+    r = (mixed + x.post.float()[..., None] * y.float()[:, None]).to(torch.bfloat16)
+    flat = r.flatten(1).float()
+    mixes = (flat @ w.hc_fn.T) * torch.rsqrt(flat.square().sum(-1, keepdim=True) / flat.shape[1] + EPS)
+    pre = torch.sigmoid(mixes[:, :4] * w.hc_scale[0] + w.hc_base[:4]) + EPS
+    post = torch.sigmoid(mixes[:, 4:8] * w.hc_scale[1] + w.hc_base[4:8]) * 2.0
+    comb = torch.softmax(mixes[:, 8:].view(-1, 4, 4) * w.hc_scale[2] + w.hc_base[8:].view(1, 4, 4), -1) + EPS
+    comb = comb / (comb.sum(-2, keepdim=True) + EPS)
+    for _ in range(19):
+        comb = comb / (comb.sum(-1, keepdim=True) + EPS)
+        comb = comb / (comb.sum(-2, keepdim=True) + EPS)
+    layer_input = (pre[..., None] * r.float()).sum(1).to(torch.bfloat16).float()
+    x_norm = layer_input * torch.rsqrt(layer_input.square().mean(-1, keepdim=True) + EPS) * w.ffn_norm.float()
+    return {"r": r, "post": post, "comb": comb, "x_norm": x_norm.to(torch.bfloat16)}
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm())
+
+
+# -- fixtures -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def weights() -> FullWeights:
+    return full_weights()
+
+
+@pytest.fixture(scope="module")
+def shards(weights) -> list[ref.K2Weights]:
+    return [shard(weights, r) for r in range(TP)]
+
+
+@pytest.fixture(scope="module", params=[4, 128], ids=["csa", "hca"])
+def wd(request) -> World:
+    return world(request.param)
+
+
+def full_o(wd: World, sink: torch.Tensor) -> torch.Tensor:
+    """Stage 2 over all 128 heads at once (every rank reads the same keys): [M, 128, 512] bf16."""
+    x = wd.inputs
+    values, valid = ref.gather(ref.keys(x), x.swa_cache, x.comp_cache)
+    return ref.attend(x.q, values, valid, sink).to(torch.bfloat16)
+
+
+# -- stage tests ----------------------------------------------------------------------------
+
+def test_key_table_puts_the_window_first_and_counts_its_keys(wd):
+    k = ref.keys(wd.rank(0))
+    for r, row in enumerate(wd.keys):
+        assert int(k.lens[r]) == len(row)
+        assert int(k.swa[r]) == sum(c == "swa" for c, _ in row)
+        assert k.slots[r, : len(row)].tolist() == [s for _, s in row]
+        assert bool((k.slots[r, len(row):] == -1).all())
+
+
+def test_a_pad_row_has_no_keys_and_no_output(wd, shards):
+    """Row 1's metadata points past both caches and at a request that does not exist: any read
+    would raise. It gets no keys and a zero attention output (the sink alone weighs nothing)."""
+    x = wd.rank(0)
+    k = ref.keys(x)
+    assert int(k.lens[PAD]) == 0 and int(k.swa[PAD]) == 0
+    values, valid = ref.gather(k, x.swa_cache, x.comp_cache)
+    o = ref.attend(x.q, values, valid, shards[0].attn_sink)
+    assert bool((o[PAD] == 0).all()) and bool(o.isfinite().all())
+
+
+def test_attention_matches_dense_softmax_with_sink(wd, weights):
+    """Both key paths (CSA through the block table, HCA global slots) against vLLM's dense
+    formulation in f64; the reference's only rounding is o's bf16, so within 2 bf16 ulps."""
+    torch.testing.assert_close(full_o(wd, weights.sink).float(), dense_attention(wd, weights.sink).float(),
+                               rtol=2 ** -7, atol=1e-5)
+
+
+@pytest.mark.parametrize("chunk", [16, 64, 100, 4096])
+def test_split_over_keys_merges_to_the_unsplit_softmax(wd, shards, chunk):
+    """The log-sum-exp merge is exact: only f32 rounding separates it from the unsplit softmax
+    (row 0 has fewer keys than row 2, so some of its chunks are wholly masked)."""
+    x = wd.rank(2)
+    values, valid = ref.gather(ref.keys(x), x.swa_cache, x.comp_cache)
+    whole = ref.attend(x.q, values, valid, shards[2].attn_sink)
+    torch.testing.assert_close(ref.attend_split(x.q, values, valid, shards[2].attn_sink, chunk), whole,
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_the_sink_changes_its_head_only():
+    wd = world(4)
+    x = wd.rank(0)
+    values, valid = ref.gather(ref.keys(x), x.swa_cache, x.comp_cache)
+    sink = torch.zeros(LOCAL)
+    bumped = sink.clone()
+    bumped[3] = 5.0  # e^5 beside ~100 keys of logit ~N(0, 1): about half the mass
+    base, other = ref.attend(x.q, values, valid, sink), ref.attend(x.q, values, valid, bumped)
+    live = [0, 2]
+    assert rel(other[live, 3], base[live, 3]) > 0.3
+    assert torch.equal(torch.cat([other[:, :3], other[:, 4:]], 1), torch.cat([base[:, :3], base[:, 4:]], 1))
+    no_sink = ref.attend(x.q, values, valid, torch.full((LOCAL,), -math.inf))
+    assert rel(no_sink[live], base[live]) > 0.01
+    assert bool((no_sink[PAD] == 0).all())  # no key and no sink: zero, as vLLM's reduce writes
+
+
+def test_masked_keys_are_never_read():
+    """Past-the-window slots and -1 entries point at NaN records (the poison pages): the output
+    stays finite, and rewriting those records changes no bit of it."""
+    wd = world(4)
+    x = wd.rank(0)
+    sink = torch.zeros(LOCAL)
+    values, valid = ref.gather(ref.keys(x), x.swa_cache, x.comp_cache)
+    before = ref.attend(x.q, values, valid, sink)
+    assert bool(before.isfinite().all())
+    k1.kv_insert(x.swa_cache.data, k1.kv_record(torch.randn(len(POISON_SWA), D) * 100), torch.tensor(POISON_SWA),
+                 SWA_STRIDE, SWA_BLOCK)
+    values, valid = ref.gather(ref.keys(x), x.swa_cache, x.comp_cache)
+    assert torch.equal(ref.attend(x.q, values, valid, sink), before)
+
+
+def test_inverse_rope_undoes_rope_on_the_rope_dims_only(weights):
+    positions = torch.tensor([3, 77, 500])
+    o = torch.randn(3, LOCAL, D)
+    cos, sin = k1.rope_angles(weights.rope, positions)
+    rotated = o.clone()
+    rotated[..., NOPE:] = k1.rope_gptj(o[..., NOPE:], cos[:, None], sin[:, None])
+    back = ref.inverse_rope(rotated, weights.rope, positions)
+    assert torch.equal(back[..., :NOPE], o[..., :NOPE])
+    torch.testing.assert_close(back, o, rtol=1e-5, atol=1e-5)
+
+
+def test_wo_a_reads_k_columns_only_and_each_group_its_heads(shards):
+    """The 256 padding bytes of each row are NaN: a read past K would show. Group 1's output
+    depends only on heads 8..15's columns."""
+    w = shards[0]
+    codes, scales = k1.mxfp8_quantize(torch.randn(2, LOCAL * D))
+    z = ref.wo_a(codes, scales, w)
+    assert bool(z.isfinite().all())
+    codes2 = codes.clone()
+    codes2[:, :GROUP_K] = 0
+    z2 = ref.wo_a(codes2, scales, w)
+    assert torch.equal(z2[:, O_LORA:], z[:, O_LORA:]) and not torch.equal(z2[:, :O_LORA], z[:, :O_LORA])
+
+
+def test_all_reduce_sums_bf16_partials_in_f32_in_rank_order():
+    # 1 + 2^-8 + six 2^-24 in f32 keeps 1 + 2^-8 (each 2^-24 a tie to even), whose bf16 is 1 (a
+    # tie to even); the six 2^-24 first add up to 3 x 2^-23 and the sum rounds to 1 + 2^-7: the
+    # rank order is part of the contract, and every rank uses the same one
+    values = [1.0, 2 ** -8] + [2 ** -24] * 6
+    partials = [torch.full((1, 1), v, dtype=torch.bfloat16) for v in values]
+    assert float(ref.all_reduce(partials).float()) == 1.0
+    assert float(ref.all_reduce(partials[::-1]).float()) == 1.0 + 2 ** -7
+    partials = [torch.randn(2, H).to(torch.bfloat16) for _ in range(TP)]
+    acc = torch.zeros(2, H)
+    for p in partials:
+        acc = acc + p.float()
+    assert torch.equal(ref.all_reduce(partials), acc.to(torch.bfloat16))
+
+
+def test_ffn_seam_matches_vllms_mhc_torch(weights, shards):
+    x = world(4).rank(0)
+    y = torch.randn(3, H).to(torch.bfloat16)
+    seam, want = ref.ffn_seam(y, x, shards[0]), mhc_seam(y, x, weights)
+    torch.testing.assert_close(seam.r, want["r"], rtol=2 ** -7, atol=0)  # 1 bf16 ulp: the einsum's order
+    torch.testing.assert_close(seam.post, want["post"], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(seam.comb, want["comb"], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(seam.x_norm, want["x_norm"], rtol=2 ** -7, atol=1e-4)
+    torch.testing.assert_close(k1.mxfp8_dequantize(seam.x_codes, seam.x_scales), seam.x_norm.float(),
+                               rtol=2 ** -4, atol=2 ** -4 * float(seam.x_norm.float().abs().max()))
+
+
+# -- K2 part one over 8 ranks ---------------------------------------------------------------
+
+# Tolerances. MXFP8 (e4m3: 3 mantissa bits, one power-of-two scale per 32) rounds each input of
+# wo_a and of wo_b by up to 2^-4 of its value (RMS about 2-3% with the block scaling), independently
+# per element, where vLLM's bf16 path keeps 2^-9. Over K = 4096 / 16384 random-sign terms a GEMV's
+# output keeps about its inputs' relative RMS error, so: o after the inverse RoPE (xo, the wo_a
+# input) ~2.7% from its own rounding (measured 0.027), y ~3.8% from xo's and z's together
+# (measured 0.038), and the seam outputs, driven by y, about the same. The bounds leave ~1.8x; each
+# wrong choice below moves xo by 18% (no sink) to 52% (no inverse RoPE), past twice the bound.
+O_TOLERANCE = 0.05
+Y_TOLERANCE = 0.07
+
+
+@pytest.fixture(scope="module")
+def csa() -> World:
+    return world(4)
+
+
+def run_ranks(wd: World, shards: list[ref.K2Weights]) -> list[ref.K2Outputs]:
+    return ref.k2_part_one_ranks([wd.rank(r) for r in range(TP)], shards)
+
+
+@pytest.fixture(scope="module")
+def run(csa, shards) -> list[ref.K2Outputs]:
+    return run_ranks(csa, shards)
+
+
+@pytest.fixture(scope="module")
+def independent(csa, weights) -> dict[str, torch.Tensor]:
+    o = inverse_rope_vllm(dense_attention(csa, weights.sink), weights.rope, csa.inputs.positions)
+    y = projections(o, weights)
+    return {"o": o, "y": y, **mhc_seam(y, csa.inputs, weights)}
+
+
+def live_rows(t: torch.Tensor) -> torch.Tensor:
+    return t[[r for r in range(len(POSITIONS)) if r != PAD]]
+
+
+def xo_error(outs: list[ref.K2Outputs], independent: dict[str, torch.Tensor]) -> float:
+    """The ranks' wo_a inputs (dequantised, heads in rank order) against vLLM's o after its
+    inverse RoPE: the comparison's first checkpoint, where the attention's choices show."""
+    xo = torch.cat([k1.mxfp8_dequantize(out.rank.xo_codes, out.rank.xo_scales).view(-1, LOCAL, D) for out in outs], 1)
+    return rel(live_rows(xo), live_rows(independent["o"]))
+
+
+def test_k2_part_one_on_8_ranks_matches_vllms_math(run, independent):
+    assert xo_error(run, independent) < O_TOLERANCE
+    assert rel(live_rows(run[0].y), live_rows(independent["y"])) < Y_TOLERANCE
+    for name in ("r", "post", "comb", "x_norm"):
+        assert rel(live_rows(getattr(run[0].seam, name)), live_rows(independent[name])) < Y_TOLERANCE, name
+
+
+def test_every_rank_reduces_to_the_same_bits_and_pad_rows_add_nothing(run):
+    for out in run[1:]:
+        assert torch.equal(out.y, run[0].y) and torch.equal(out.seam.x_norm, run[0].seam.x_norm)
+    for out in run:
+        assert bool((out.rank.o[PAD] == 0).all()) and bool((out.rank.partial[PAD] == 0).all())
+    assert bool((run[0].y[PAD] == 0).all())
+
+
+def test_one_rank_given_its_peers_partials_is_the_group_run(csa, shards, run):
+    peers: list[torch.Tensor | None] = [out.rank.partial for out in run]
+    peers[5] = None
+    one = ref.k2_part_one(csa.rank(5), shards[5], 5, peers)
+    assert torch.equal(one.y, run[5].y) and torch.equal(one.seam.x_codes, run[5].seam.x_codes)
+    with pytest.raises(ValueError):
+        ref.k2_part_one(csa.rank(5), shards[5], 4, peers)
+
+
+@pytest.mark.parametrize("wrong", ["natural_exp", "no_inverse_rope", "no_sink"])
+def test_a_wrong_choice_fails_the_comparison(wrong, csa, shards, independent, monkeypatch):
+    """The reference with one choice made wrong, through k2_part_one_ranks; wo_a / wo_b are
+    stubbed (the wrong choices all sit before them, and they cost most of the run)."""
+    monkeypatch.setattr(ref, "wo_a", lambda codes, scales, w: torch.zeros(codes.shape[0], 2 * O_LORA))
+    monkeypatch.setattr(ref, "wo_b", lambda codes, scales, w: torch.zeros(codes.shape[0], H, dtype=torch.bfloat16))
+    if wrong == "natural_exp":
+        monkeypatch.setattr(ref, "LOG2E", 1.0)  # exp2 of natural logits
+    elif wrong == "no_inverse_rope":
+        monkeypatch.setattr(ref, "inverse_rope", lambda o, rope, positions: o.float())
+    else:
+        shards = [dataclasses.replace(w, attn_sink=torch.full_like(w.attn_sink, -math.inf)) for w in shards]
+    assert xo_error(run_ranks(csa, shards), independent) > 2 * O_TOLERANCE
