@@ -6,6 +6,7 @@ FIFO, a link to /dev/zero or a umask of 000 / 002 cannot change what the cache r
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -79,3 +80,28 @@ def write_new(path: Path, data: bytes, mode: int = 0o600) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+_DISK_ADVICE = {
+    errno.ENOSPC: "the disk is full: free space there, or point MONO_JIT_CACHE_DIR at another disk",
+    errno.EDQUOT: "the disk quota is used up: free space there, or point MONO_JIT_CACHE_DIR at another disk",
+    errno.EROFS: ("the file system is read-only: point MONO_JIT_CACHE_DIR at a writable folder "
+                  "(a read-only copy is served through MONO_JIT_CACHE_PATH)"),
+    errno.ENOTDIR: "a part of that path is a file, not a folder: move it away",
+    errno.EEXIST: "something else is in the way at that path: move it away",
+    errno.EACCES: "no permission there: fix its owner or mode, or point MONO_JIT_CACHE_DIR elsewhere",
+    errno.EPERM: "no permission there: fix its owner or mode, or point MONO_JIT_CACHE_DIR elsewhere",
+}
+FULL_DISK = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})  # every further write fails too
+
+
+def disk_problem(exc: OSError, doing: str, where: Path) -> str:
+    """One line for a failed cache write: what was being done, on which path (`where`, the folder
+    written to, when the error names none: a failed write or fsync does not), the system's error
+    and what to do about it (never a traceback)."""
+    path = exc.filename if exc.filename is not None else where
+    if exc.filename2 is not None:  # a rename: both ends
+        path = f"{path} -> {exc.filename2}"
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    advice = _DISK_ADVICE.get(exc.errno, "check that path and the disk")
+    return f"{doing}: {path}: {reason}; {advice}"

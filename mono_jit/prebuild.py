@@ -3,17 +3,23 @@
 Jobs are de-duplicated by key (a template that does not read a field compiles once across its
 values), hits are counted without compiling, and misses compile on a pool of workers under each
 key's lock (so a concurrent prebuild or serving process never compiles the same key twice).
+While this run holds any lock it only tries locks (a busy key is tried again later) and waits
+for one only when it holds none, so two prebuilds ordering keys differently never deadlock. A
+disk error fails its job with a one-line reason; a full or read-only disk stops the run cleanly.
 """
 
 from __future__ import annotations
 
+import os
 import time
-from contextlib import ExitStack
+from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from mono_jit.cache import Entry, Store
-from mono_jit.cache.lock import single_flight
+from mono_jit.cache.fs import FULL_DISK, disk_problem
+from mono_jit.cache.lock import KeyLock, prepare_lock_dir
 
 from .build import BuildJob
 from .compiler import compile_here
@@ -22,7 +28,7 @@ from .errors import MonoJitError
 from .spec import Spec
 from .templates import Template
 from .toolchain import compile_environment, resolve_toolchain
-from .workers import WorkerPool
+from .workers import Outcome, WorkerPool
 
 # (event, job, detail): event is "hit", "compiled" or "failed".
 ProgressCallback = Callable[[str, BuildJob, str], None]
@@ -67,9 +73,14 @@ def plan(templates: Iterable[Template], specs: Iterable[Spec], toolchain_fingerp
 def prebuild(templates: list[Template], specs: list[Spec], settings: Settings, *, jobs: int, timeout: float,
              progress: ProgressCallback | None = None,
              on_plan: Callable[[int], None] | None = None) -> tuple[PrebuildSummary, list[BuildJob]]:
+    """Fill the cache with every template at every spec; a failed build is recorded in the
+    summary, never raised. MonoJitError (one line) when the run cannot start at all."""
     started = time.perf_counter()
-    store = Store(settings)
-    toolchain = resolve_toolchain(settings)
+    try:
+        store = Store(settings)
+        toolchain = resolve_toolchain(settings)
+    except OSError as exc:
+        raise MonoJitError(disk_problem(exc, "cannot open the cache", settings.writable_root)) from None
     planned = plan(templates, specs, toolchain.fingerprint)
     if on_plan is not None:
         on_plan(len(planned))
@@ -82,50 +93,119 @@ def prebuild(templates: list[Template], specs: list[Spec], settings: Settings, *
             misses.append(job)
         else:
             summary.hit(job, entry, notify)
-    for arch in sorted({job.arch for job in misses}):
-        env = compile_environment(toolchain, arch)
-        _compile_all([j for j in misses if j.arch == arch], store, settings, env, jobs, timeout, summary, notify)
+    if misses:
+        try:
+            folder = prepare_lock_dir(settings.locks(), bool(settings.allow_shared_roots))
+        except OSError as exc:
+            raise MonoJitError(disk_problem(exc, "cannot create the lock folder", settings.locks())) from None
+        batch = _Batch(store, folder, float(settings.lock_timeout), summary, notify)  # type: ignore[arg-type]
+        for arch in sorted({job.arch for job in misses}):
+            batch.compile([j for j in misses if j.arch == arch], compile_environment(toolchain, arch), jobs, timeout)
     summary.seconds = time.perf_counter() - started
     return summary, planned
 
 
-def _compile_all(pending: list[BuildJob], store: Store, settings: Settings, env: dict[str, str], jobs: int,
-                 timeout: float, summary: PrebuildSummary, notify: ProgressCallback) -> None:
-    """Compile `pending` on a pool, each under its key's lock, re-checking the store once locked."""
-    locks: dict[str, ExitStack] = {}
-    by_key = {job.key: job for job in pending}
+class _Batch:
+    """Compiles missing jobs on a pool, each under its key's lock, re-checking the store once
+    locked. `held` maps the key of every job in flight to its lock."""
 
-    def still_missing() -> Iterator[tuple[str, tuple]]:
-        # Pulled lazily by the pool: a lock is taken only when a worker is free for the job.
-        for job in pending:
-            lock = ExitStack()
-            try:
-                lock.enter_context(single_flight(settings.locks(), job.key, settings.lock_timeout, job.label))
-            except MonoJitError as exc:
-                summary.fail(job, str(exc), notify)
+    def __init__(self, store: Store, folder: Path, lock_timeout: float, summary: PrebuildSummary,
+                 notify: ProgressCallback) -> None:
+        self.store, self.folder, self.lock_timeout = store, folder, lock_timeout
+        self.summary, self.notify = summary, notify
+        self.held: dict[str, KeyLock] = {}
+        self.halted: str | None = None  # why no further job starts (a full or read-only disk)
+
+    def compile(self, pending: list[BuildJob], env: dict[str, str], jobs: int, timeout: float) -> None:
+        by_key = {job.key: job for job in pending}
+        try:
+            with WorkerPool(jobs, env, compile_here, timeout) as pool:
+                for outcome in pool.run(self._dispatch(pending)):
+                    self._finish(by_key[outcome.job_id], outcome)
+        finally:
+            for lock in self.held.values():
+                lock.close()
+            self.held.clear()
+
+    def _dispatch(self, pending: list[BuildJob]) -> Iterator[tuple[str, tuple] | None]:
+        """Worker arguments of each job still missing once locked; None while every remaining
+        key is locked elsewhere and this run holds a lock (never wait holding one)."""
+        waiting = deque(pending)
+        while waiting and self.halted is None:
+            found = self._next_free(waiting)
+            if found is not None:
+                job, lock = found
+            elif self.held:
+                yield None
                 continue
-            entry = store.lookup(job.key, job.arch)  # another process may have built it meanwhile
+            else:
+                job = waiting.popleft()
+                waited = self._wait_for(job)
+                if waited is None:
+                    continue
+                lock = waited
+            entry = self.store.lookup(job.key, job.arch)  # another process may have built it meanwhile
             if entry is not None:
                 lock.close()
-                summary.hit(job, entry, notify)
+                self.summary.hit(job, entry, self.notify)
                 continue
-            locks[job.key] = lock
+            self.held[job.key] = lock
             yield job.key, job.worker_args()
+        for job in waiting:
+            self.summary.fail(job, f"{job.label} not attempted: {self.halted}", self.notify)
 
-    try:
-        with WorkerPool(jobs, env, compile_here, timeout) as pool:
-            for outcome in pool.run(still_missing()):
-                job = by_key[outcome.job_id]
-                try:
-                    entry = job.finish(store, outcome)
-                except MonoJitError as exc:
-                    summary.fail(job, str(exc), notify)
-                else:
-                    summary.compiled += 1
-                    summary.record(job, entry)
-                    notify("compiled", job, f"{outcome.seconds:.1f}s")
-                finally:
-                    locks.pop(job.key).close()
-    finally:
-        for lock in locks.values():
+    def _next_free(self, waiting: deque[BuildJob]) -> tuple[BuildJob, KeyLock] | None:
+        """The first waiting job whose lock is free, taken without waiting (busy ones go to the back)."""
+        for _ in range(len(waiting)):
+            job = waiting.popleft()
+            lock = self._open(job)
+            if lock is None:
+                continue
+            if lock.try_acquire():
+                return job, lock
             lock.close()
+            waiting.append(job)
+        return None
+
+    def _wait_for(self, job: BuildJob) -> KeyLock | None:
+        """The lock of `job`, waited for (bounded) while this run holds no other; None if failed."""
+        lock = self._open(job)
+        if lock is None:
+            return None
+        try:
+            lock.acquire(self.lock_timeout)
+        except MonoJitError as exc:
+            self.summary.fail(job, str(exc), self.notify)
+            return None
+        return lock
+
+    def _open(self, job: BuildJob) -> KeyLock | None:
+        try:
+            return KeyLock(self.folder, job.key, job.label)
+        except MonoJitError as exc:
+            self.summary.fail(job, str(exc), self.notify)
+        except OSError as exc:
+            self._disk_failure(job, exc, "cannot open its lock", self.folder)
+        return None
+
+    def _finish(self, job: BuildJob, outcome: Outcome) -> None:
+        """Publish one worker's outcome and record it, then release the key's lock."""
+        try:
+            entry = job.finish(self.store, outcome)
+        except MonoJitError as exc:
+            self.summary.fail(job, str(exc), self.notify)
+        except OSError as exc:
+            self._disk_failure(job, exc, "cannot write it into the cache", self.store.writable.root)
+        else:
+            self.summary.compiled += 1
+            self.summary.record(job, entry)
+            self.notify("compiled", job, f"{outcome.seconds:.1f}s")
+        finally:
+            self.held.pop(job.key).close()
+
+    def _disk_failure(self, job: BuildJob, exc: OSError, doing: str, where: Path) -> None:
+        """Record a disk error as the job's one-line failure; a full or read-only disk halts the run."""
+        message = disk_problem(exc, f"{job.label}: {doing}", where)
+        self.summary.fail(job, message, self.notify)
+        if exc.errno in FULL_DISK and self.halted is None:
+            self.halted = f"the run stopped at '{exc.strerror or os.strerror(exc.errno)}' (see the first failure)"
