@@ -15,9 +15,12 @@ __all__ = ["MonoJitError", "STANDARD_MAX_TOKENS", "Spec", "__version__", "deploy
 
 
 def __getattr__(name: str):
-    # resolve() pulls in the cache and toolchain modules; keep `import mono_jit` cheap.
+    # resolve() pulls in the cache and toolchain modules; keep `import mono_jit` cheap. Importing
+    # the submodule binds the package's `resolve` to the module: rebind it to the function, or
+    # `from mono_jit import resolve` (the README's snippet) would get the module.
     if name == "resolve":
         from .resolve import resolve
 
+        globals()["resolve"] = resolve
         return resolve
     raise AttributeError(f"module 'mono_jit' has no attribute {name!r}")

@@ -1,21 +1,27 @@
-"""Compile workers: spawned processes that each run many compile jobs, one at a time.
+"""Compile workers: fresh interpreters that each run many compile jobs, one at a time.
 
 A crash or abort inside MLIR kills only its worker (the job fails, a fresh worker replaces it);
-a job past its timeout has its worker killed. Workers are spawned, not forked, and start from a
-given environment, so FlyDSL sees exactly the sanitised variables (toolchain.compile_environment).
+a job past its timeout has its worker killed. A worker is a new Python process running this
+module's ``serve``: not a fork, and not multiprocessing's spawn, which re-imports the caller's
+``__main__`` (a script without an ``if __name__ == "__main__"`` guard would run again inside
+the worker). It starts with exactly the given environment, so FlyDSL sees the sanitised variables
+(toolchain.compile_environment), and with the caller's sys.path, so the target, pickled by
+reference, imports as it does in the caller. Jobs and results travel over two private pipes.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import os
+import subprocess
+import sys
 import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Iterable, Iterator
 
-_SPAWN = multiprocessing.get_context("spawn")
+# argv: the job pipe's fd, the result pipe's fd, then the caller's sys.path.
+_BOOT = "import sys; sys.path[:] = sys.argv[3:]; from mono_jit.workers import serve; serve(int(sys.argv[1]), int(sys.argv[2]))"
 
 
 @dataclass(frozen=True)
@@ -26,46 +32,80 @@ class Outcome:
     seconds: float = 0.0
 
 
-def _serve(conn: Connection, env: dict[str, str], target: Callable[..., Any]) -> None:
-    os.environ.clear()
-    os.environ.update(env)
+def _error(exc: BaseException) -> str:
+    detail = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {detail}\n{traceback.format_exc(limit=6)}"
+
+
+def serve(jobs_fd: int, results_fd: int) -> None:
+    """The worker's loop: receive the target, then (job_id, args) until None or end of input."""
+    jobs, results = Connection(jobs_fd, writable=False), Connection(results_fd, readable=False)
+    try:
+        target, broken = jobs.recv(), None
+    except EOFError:
+        return
+    except BaseException as exc:  # the target does not import here: every job says why
+        target, broken = None, _error(exc)
     while True:
         try:
-            message = conn.recv()
+            message = jobs.recv()
         except EOFError:
             return
         if message is None:
             return
         job_id, args = message
+        if broken is not None:
+            results.send((job_id, "error", broken))
+            continue
         try:
-            conn.send((job_id, "ok", target(*args)))
+            results.send((job_id, "ok", target(*args)))
         except BaseException as exc:  # report everything; the parent decides
-            detail = str(exc) or type(exc).__name__
-            conn.send((job_id, "error", f"{type(exc).__name__}: {detail}\n{traceback.format_exc(limit=6)}"))
+            results.send((job_id, "error", _error(exc)))
 
 
 class _Worker:
     def __init__(self, env: dict[str, str], target: Callable[..., Any]) -> None:
-        self.conn, child = _SPAWN.Pipe()
-        self.process = _SPAWN.Process(target=_serve, args=(child, env, target), daemon=True)
-        self.process.start()
-        child.close()
+        jobs_r, jobs_w = os.pipe()
+        results_r, results_w = os.pipe()
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", _BOOT, str(jobs_r), str(results_w), *sys.path],
+                env=env, stdin=subprocess.DEVNULL, pass_fds=(jobs_r, results_w),
+            )
+        except BaseException:
+            for fd in (jobs_w, results_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (jobs_r, results_w):
+                os.close(fd)
+        self.conn = Connection(results_r, writable=False)
+        self.jobs = Connection(jobs_w, readable=False)
         self.job: Any = None
         self.started = 0.0
+        self.send(target)
+
+    def send(self, message: Any) -> None:
+        self.jobs.send(message)
 
     def stop(self, kill: bool = False) -> None:
         if kill:
             self.process.kill()
         else:
             try:
-                self.conn.send(None)
+                self.send(None)
             except OSError:
                 pass
-        self.process.join(timeout=10)
-        if self.process.is_alive():
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
             self.process.kill()
-            self.process.join()
+            self.process.wait()
+        self.jobs.close()
         self.conn.close()
+
+
+_END = object()
 
 
 class WorkerPool:
@@ -86,21 +126,26 @@ class WorkerPool:
             worker.stop(kill=worker.job is not None)
         self._workers.clear()
 
-    def run(self, items: Iterable[tuple[Any, tuple]]) -> Iterator[Outcome]:
+    def run(self, items: Iterable[tuple[Any, tuple] | None]) -> Iterator[Outcome]:
         """Run (job_id, args) items, pulling the iterable only when a worker is idle, and yield
         each outcome as it finishes. Lazy pulling lets a caller decide per item, at dispatch
-        time, whether it still needs compiling (e.g. after taking the key's lock)."""
+        time, whether it still needs compiling (e.g. after taking the key's lock); an item of
+        None means "nothing ready yet": the pool pulls again after the next outcome."""
         pending = iter(items)
         exhausted = False
         while True:
             while not exhausted and self._busy() < self._size:
-                item = next(pending, None)
-                if item is None:
+                item = next(pending, _END)
+                if item is _END:
                     exhausted = True
+                elif item is None:
+                    break
                 else:
                     self._submit(*item)
             if not self._busy():
-                return
+                if exhausted:
+                    return
+                continue
             yield from self._wait()
 
     def _busy(self) -> int:
@@ -111,7 +156,7 @@ class WorkerPool:
         if worker is None:
             worker = _Worker(self._env, self._target)
             self._workers.append(worker)
-        worker.conn.send((job_id, args))
+        worker.send((job_id, args))
         worker.job, worker.started = job_id, time.monotonic()
 
     def _wait(self) -> list[Outcome]:
@@ -120,8 +165,7 @@ class WorkerPool:
         while True:
             now = time.monotonic()
             deadline = min(w.started + self._timeout for w in running)
-            ready = wait([w.conn for w in running] + [w.process.sentinel for w in running],
-                         timeout=max(0.0, deadline - now))
+            ready = wait([w.conn for w in running], timeout=max(0.0, deadline - now))
             outcomes = [self._collect(w, ready) for w in running]
             done = [o for o in outcomes if o is not None]
             if done:
@@ -137,7 +181,7 @@ class WorkerPool:
                 return self._replace(worker, Outcome(job_id, "crash", self._crash_message(worker), elapsed))
             worker.job = None
             return Outcome(got_id, status, value, elapsed)
-        if worker.process.sentinel in ready:
+        if worker.process.poll() is not None:
             return self._replace(worker, Outcome(job_id, "crash", self._crash_message(worker), elapsed))
         if elapsed >= self._timeout:
             return self._replace(worker, Outcome(job_id, "timeout", f"no result after {self._timeout:g} s", elapsed))
@@ -145,8 +189,11 @@ class WorkerPool:
 
     @staticmethod
     def _crash_message(worker: _Worker) -> str:
-        worker.process.join(timeout=5)
-        return f"the compile worker died (exit code {worker.process.exitcode})"
+        try:
+            code = worker.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        return f"the compile worker died (exit code {code})"
 
     def _replace(self, worker: _Worker, outcome: Outcome) -> Outcome:
         """Retire a crashed or timed-out worker; the next submit starts a fresh one."""
