@@ -7,6 +7,7 @@ import os
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from mono_jit import model
@@ -71,7 +72,7 @@ def prebuild(tp, max_model_len, max_tokens, ratio, template_names, arch, jobs, t
         def progress(event: str, job: BuildJob, detail: str) -> None:
             bar.update(task, advance=1, description=f"{event} {job.label}")
             if event == "failed":
-                console.print(f"[red]failed[/red] {detail}")
+                console.print(f"[red]failed[/red] {escape(detail)}", soft_wrap=True)  # one line, markup-free
 
         summary, planned = run_prebuild(templates, specs, settings, jobs=jobs, timeout=timeout, progress=progress,
                                         on_plan=lambda count: bar.update(task, total=count))

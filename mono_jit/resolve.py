@@ -4,7 +4,10 @@
 key's lock, checks again and compiles in an isolated worker, so eight ranks starting together
 compile each key once. A process with no toolchain to fingerprint (no FlyDSL or ld.lld, as on
 a lean serving image) looks the spec up under the toolchains recorded in the layers instead.
-``MONO_JIT_OFFLINE=1`` makes a miss an error naming the prebuild command. Inside a CUDA/HIP
+``MONO_JIT_OFFLINE=1`` makes a miss an error naming the exact prebuild command that fills its
+key. A disk error (full, read-only, a file in the way) is a one-line MonoJitError naming the
+path and what to do. Compile workers are fresh interpreters (workers.py), so a caller's script
+needs no ``if __name__ == "__main__"`` guard. Inside a CUDA/HIP
 graph capture it raises before touching the disk. ``resolve_many`` resolves a runner's whole
 grid with one settings / store / toolchain resolution.
 
@@ -23,7 +26,7 @@ from mono_jit.cache import Entry, Store
 
 from .build import BuildJob
 from .config import Settings
-from .errors import CaptureError, OfflineMiss, ToolchainError
+from .errors import CaptureError, MonoJitError, OfflineMiss, ToolchainError
 from .spec import Spec
 from .templates import Template, get
 from .toolchain import Toolchain, compile_environment, resolve_toolchain
@@ -54,10 +57,19 @@ def capturing() -> bool:
         return False
 
 
+def max_model_len_for(spec: Spec) -> int:
+    """A --max-model-len whose grid holds `spec`: HCA's top-k width is roundup(ceil(len / 128),
+    128), so width x 128 gives it back exactly; CSA's width does not depend on it (the default)."""
+    from . import model
+
+    return spec.topk_width * model.HCA_RATIO if spec.ratio == model.HCA_RATIO else model.MAX_MODEL_LEN
+
+
 def prebuild_command(job: BuildJob) -> str:
+    """The `mono-jit prebuild` command whose grid holds exactly this job's key."""
     spec = job.spec
     return (f"mono-jit prebuild --template {job.template.name} --tp {spec.tp} --ratio {spec.ratio} "
-            f"--max-tokens {spec.max_tokens}")
+            f"--max-model-len {max_model_len_for(spec)} --max-tokens {spec.max_tokens} --arch {spec.arch}")
 
 
 def compile_job(job: BuildJob, store: Store, env: dict[str, str], timeout: float) -> Entry:
@@ -118,9 +130,10 @@ class _Session:
                 f"{job.label} [{spec.label()}] is not in the cache (key {job.key[:16]}) and MONO_JIT_OFFLINE=1; "
                 f"fill it with: {prebuild_command(job)}  (mono-jit explain shows why it missed)"
             )
-        from mono_jit.cache.lock import single_flight  # filelock: only a miss needs it
+        from mono_jit.cache.lock import single_flight  # only a miss needs it
 
-        with single_flight(settings.locks(), job.key, settings.lock_timeout, job.label):
+        with single_flight(settings.locks(), job.key, settings.lock_timeout, job.label,  # type: ignore[arg-type]
+                           bool(settings.allow_shared_roots)):
             entry = store.lookup(job.key, job.arch)
             if entry is not None:
                 return Resolved(entry, compiled=False)
@@ -147,13 +160,24 @@ class _Session:
         )
 
 
+def _disk_error(exc: OSError, settings: Settings | None) -> MonoJitError:
+    """A disk error as one line naming the path (else the writable root) and what to do."""
+    from mono_jit.cache.fs import disk_problem  # only a failed write needs it
+
+    root = (settings or Settings()).writable_root
+    return MonoJitError(disk_problem(exc, "mono-jit could not use its cache", root))
+
+
 def resolve(template: str | Template, spec: Spec, *, settings: Settings | None = None,
             store: Store | None = None) -> Resolved:
     """Verified bytes and metadata of one template at one spec (a hit loads, a miss compiles)."""
     if capturing():
         raise _capture_error(f"{template if isinstance(template, str) else template.name}, {spec.label()}")
-    session = _Session(settings, store)
-    return session.resolve(get(template) if isinstance(template, str) else template, spec)
+    try:
+        session = _Session(settings, store)
+        return session.resolve(get(template) if isinstance(template, str) else template, spec)
+    except OSError as exc:
+        raise _disk_error(exc, settings) from None
 
 
 def resolve_many(pairs: Iterable[tuple[str | Template, Spec]], *, settings: Settings | None = None,
@@ -170,5 +194,8 @@ def resolve_many(pairs: Iterable[tuple[str | Template, Spec]], *, settings: Sett
     if capturing():
         what = ", ".join(f"{t if isinstance(t, str) else t.name}, {s.label()}" for t, s in pairs[:2])
         raise _capture_error(what + (f", ... ({len(pairs)} pairs)" if len(pairs) > 2 else ""))
-    session = _Session(settings, store)
-    return [session.resolve(get(t) if isinstance(t, str) else t, spec) for t, spec in pairs]
+    try:
+        session = _Session(settings, store)
+        return [session.resolve(get(t) if isinstance(t, str) else t, spec) for t, spec in pairs]
+    except OSError as exc:
+        raise _disk_error(exc, settings) from None
