@@ -21,11 +21,13 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from mono_jit.cache.digest import sha256
+from mono_jit.cache.fs import make_dirs, read_regular, write_new
 from mono_jit.cache.store import unique_suffix
 
 from .config import Settings
 from .errors import ToolchainError
 
+MEMO_CAP = 1 << 20  # probes.json holds a few dozen short lines
 MIN_LLD_MAJOR = 19  # first LLVM whose lld accepts code object v6 (abi=600)
 FLYDSL_DIST = "flydsl"
 # FlyDSL reads these bare or prefixed variables; any of them can change or break the bytes.
@@ -41,27 +43,38 @@ class Linker:
 
 @dataclass(frozen=True)
 class Toolchain:
-    """Resolved compile toolchain: where it is, and its fingerprint (the key factors: content
-    digests and versions, never paths)."""
+    """Resolved compile toolchain: its pieces, its fingerprint (the key factors: content digests
+    and versions, never paths), and where its ROCm root is or will be staged."""
 
-    rocm_path: Path
     linker: Linker
     bitcode_dir: Path
     fingerprint: dict[str, str]
+    system_root: Path | None  # $ROCM_PATH or /opt/rocm when it holds both pieces
+    stage_base: Path  # where a private root is staged when there is no system root
+
+    @property
+    def rocm_path(self) -> Path:
+        """The ROCm root a compile runs with: the system's, else a private one staged (or
+        repaired) now. Only a compile asks, so a run of cache hits never touches the staged root."""
+        if self.system_root is not None:
+            return self.system_root
+        return stage_root(self.stage_base, self.linker, self.bitcode_dir)
 
 
 class ProbeMemo:
     """Results of slow probes (running ld.lld, hashing the bitcode) keyed by the stat signature
     (path, size, mtime, inode) of the files probed, kept in one JSON file, the way ccache knows a
     compiler by its mtime and size. The values are content facts; a changed signature only means
-    "probe again". A lost or unreadable memo costs a probe, never a wrong answer."""
+    "probe again". A lost or unreadable memo costs a probe, never a wrong answer. A memo that
+    may not `save` (an offline process writes nothing) is only read."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, save: bool = True) -> None:
         self._path = path
+        self._may_save = save
         self._data: dict[str, str] = {}
         if path is not None:
             try:
-                loaded = json.loads(path.read_text())
+                loaded = json.loads(read_regular(path, MEMO_CAP))
                 self._data = loaded if isinstance(loaded, dict) else {}
             except (OSError, ValueError):
                 pass
@@ -97,15 +110,15 @@ class ProbeMemo:
         return self._data[sig]
 
     def _save(self) -> None:
-        if self._path is None:
+        if self._path is None or not self._may_save:
             return
+        tmp = self._path.with_name(f".{self._path.name}.{os.getpid()}.{unique_suffix(6)}")
         try:
-            self._path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            tmp = self._path.with_name(f".{self._path.name}.{os.getpid()}.{unique_suffix(6)}")
-            tmp.write_text(json.dumps(self._data, sort_keys=True))
+            make_dirs(self._path.parent)  # every missing level 0700, whatever the umask
+            write_new(tmp, json.dumps(self._data, sort_keys=True).encode())
             os.replace(tmp, self._path)
         except OSError:
-            pass  # the memo is an optimisation only
+            pass  # the memo is an optimisation only (gc removes a temp file left behind)
 
 
 def lld_version(path: Path) -> str:
@@ -277,27 +290,68 @@ def _is_rocm_root(root: Path, linker: Linker, bitcode: Path) -> bool:
 def stage_root(base: Path, linker: Linker, bitcode: Path) -> Path:
     """A private ROCm-layout root of symlinks: <base>/<digest>/{llvm/bin/ld.lld, amdgcn/bitcode}.
 
-    Published by one rename so concurrent stagers never see a half-built root.
+    Built in a temp folder and published by one rename, so concurrent stagers never see a
+    half-built root. A root that exists but differs (a cache copied with its symlinks
+    dereferenced, a moved toolchain, a planted file) is replaced, never trusted or kept.
     """
     name = sha256(f"{linker.path.resolve()}\0{bitcode.resolve()}".encode()).hexdigest()[:16]
     root = base / name
     if _is_rocm_root(root, linker, bitcode):
         return root
-    base.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        tmp = _build_root(base, linker, bitcode)
+    except OSError as exc:
+        raise ToolchainError(f"cannot stage a toolchain root in {base}: {exc.strerror or exc} "
+                             "(make it a writable folder, or set ROCM_PATH to a ROCm install)") from None
+    try:
+        _publish_root(tmp, root, linker, bitcode)
+    finally:
+        _remove(tmp)
+    if not _is_rocm_root(root, linker, bitcode):
+        raise ToolchainError(f"could not stage a toolchain root at {root}: remove it and retry")
+    return root
+
+
+def _build_root(base: Path, linker: Linker, bitcode: Path) -> Path:
+    """A new root in <base>/.tmp-<random>, every folder 0700 whatever the umask."""
     tmp = base / f".tmp-{unique_suffix(32)}"
-    (tmp / "llvm" / "bin").mkdir(parents=True)
-    (tmp / "amdgcn").mkdir()
+    make_dirs(tmp / "llvm" / "bin")
+    make_dirs(tmp / "amdgcn")
     (tmp / "llvm" / "bin" / "ld.lld").symlink_to(linker.path.resolve())
     (tmp / "amdgcn" / "bitcode").symlink_to(bitcode.resolve())
+    return tmp
+
+
+def _publish_root(tmp: Path, root: Path, linker: Linker, bitcode: Path) -> None:
+    """Rename `tmp` to `root`. A `root` in the way that is not a good root is first renamed
+    aside (under a .tmp- name, so gc finds it if we die) and removed. A racing stager may win
+    either rename; the caller checks what ended up at `root`."""
+    try:
+        os.rename(tmp, root)
+        return
+    except OSError:
+        if _is_rocm_root(root, linker, bitcode):
+            return  # another process staged it first
+    aside = root.with_name(f".tmp-{unique_suffix(32)}")
+    try:
+        os.rename(root, aside)
+    except FileNotFoundError:
+        pass  # a racing repairer moved it already
     try:
         os.rename(tmp, root)
     except OSError:
-        import shutil
+        pass  # a racing repairer published its copy first
+    _remove(aside)
 
-        shutil.rmtree(tmp, ignore_errors=True)  # another process staged it first
-        if not _is_rocm_root(root, linker, bitcode):
-            raise ToolchainError(f"could not stage a toolchain root at {root}") from None
-    return root
+
+def _remove(path: Path) -> None:
+    """Delete a file, symlink or folder tree if it is there (never following a symlink)."""
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    elif path.is_dir():
+        import shutil  # only a staging or repair removes anything
+
+        shutil.rmtree(path, ignore_errors=True)
 
 
 _resolved: dict[tuple, Toolchain] = {}
@@ -305,7 +359,8 @@ _resolved: dict[tuple, Toolchain] = {}
 
 def resolve_toolchain(settings: Settings) -> Toolchain:
     """Find ld.lld and the bitcode, fingerprint them with FlyDSL, and pick the ROCm root:
-    $ROCM_PATH (or /opt/rocm) when it holds both, else a staged one. Resolved once per process
+    $ROCM_PATH (or /opt/rocm) when it holds both, else a staged one (at the first compile:
+    Toolchain.rocm_path). Resolved once per process
     for the settings and ROCM_PATH that decide it: a runner resolves a whole grid with it."""
     decided_by = (settings.ld_lld, settings.device_libs, settings.writable_root, os.environ.get("ROCM_PATH"))
     if decided_by not in _resolved:
@@ -315,7 +370,7 @@ def resolve_toolchain(settings: Settings) -> Toolchain:
 
 def _resolve_toolchain(settings: Settings) -> Toolchain:
     toolchain_dir = settings.writable_root / "v1" / "toolchain"
-    memo = ProbeMemo(toolchain_dir / "probes.json")
+    memo = ProbeMemo(toolchain_dir / "probes.json", save=not settings.offline)
     linker = find_linker(settings, memo)
     bitcode = find_bitcode(settings)
     dist_info = flydsl_dist_info()
@@ -329,10 +384,9 @@ def _resolve_toolchain(settings: Settings) -> Toolchain:
         "ld_lld": linker.version,
         "device_bitcode": memo.get("bitcode", bitcode_files(bitcode), lambda: bitcode_digest(bitcode)),
     }
-    for candidate in (os.environ.get("ROCM_PATH"), "/opt/rocm"):
-        if candidate and _is_rocm_root(Path(candidate), linker, bitcode):
-            return Toolchain(Path(candidate), linker, bitcode, fingerprint)
-    return Toolchain(stage_root(toolchain_dir, linker, bitcode), linker, bitcode, fingerprint)
+    system = next((Path(c) for c in (os.environ.get("ROCM_PATH"), "/opt/rocm")
+                   if c and _is_rocm_root(Path(c), linker, bitcode)), None)
+    return Toolchain(linker, bitcode, fingerprint, system, toolchain_dir)
 
 
 def compile_environment(toolchain: Toolchain, arch: str, base: dict[str, str] | None = None) -> dict[str, str]:
