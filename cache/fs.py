@@ -10,6 +10,7 @@ import errno
 import os
 import stat
 from pathlib import Path
+from typing import Iterable
 
 DIR_MODE = 0o700  # private levels: the writable root and everything under it
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
@@ -80,6 +81,24 @@ def write_new(path: Path, data: bytes, mode: int = 0o600) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_new_stream(path: Path, chunks: Iterable[bytes], mode: int = 0o600) -> int:
+    """write_new for data that arrives in chunks, so it is never all in memory; returns the
+    number of bytes written."""
+    fd = os.open(path, _NEW_FLAGS, mode)
+    written = 0
+    try:
+        os.fchmod(fd, mode)
+        for chunk in chunks:
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(fd, view):]
+            written += len(chunk)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return written
 
 
 _DISK_ADVICE = {

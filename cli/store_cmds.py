@@ -213,14 +213,22 @@ def export_cmd(bundle, template, cache_dir, as_json):
         click.echo(f"exported {manifest['entries']} entries to {bundle}")
 
 
+def _parse_sha256(ctx, param, value):
+    if value is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", value):
+        raise click.BadParameter(f"{value!r}: expected 64 hex digits (sha256sum of the bundle)", param_hint="--sha256")
+    return value
+
+
 @click.command(name="import")
 @click.argument("bundle", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--sha256", "expected_sha256", callback=_parse_sha256, default=None,
+              help="Refuse the bundle unless its sha256 is this (a bundle is only as trustworthy as its source).")
 @cache_dir_option
 @json_option
 @guarded
-def import_cmd(bundle, cache_dir, as_json):
-    """Verify a bundle whole (paths, checksums, entries), then publish its entries atomically."""
-    counts = import_bundle(store_for(cache_dir), bundle)
+def import_cmd(bundle, expected_sha256, cache_dir, as_json):
+    """Verify a bundle whole (paths, sizes, checksums, entries as a load would), then publish its entries."""
+    counts = import_bundle(store_for(cache_dir), bundle, expected_sha256)
     if as_json:
         emit_json(counts)
     else:
