@@ -1,16 +1,21 @@
 """Eviction from the writable layer by the last-used stamp: by age, then down to a size cap.
-Read-only layers are never touched. Stale temp folders of crashed writers are cleared too."""
+Read-only layers are never touched. Leftovers of killed or failed runs are cleared too: temp
+folders (``v1/tmp/*``), toolchain staging (``v1/toolchain/.tmp-*``), temp files of the probe memo
+and of toolchain records, and quarantined entries beyond the newest few (kept for diagnosis)."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .store import Entry, Store, last_used
 
-STALE_TMP_SECONDS = 24 * 3600
+LEFTOVER_SECONDS = 3600.0  # nothing the cache writes stays a temp file or folder this long
+QUARANTINE_KEEP = 5  # the newest quarantined entries stay, whatever their age
 
 
 @dataclass
@@ -19,6 +24,8 @@ class GcReport:
     freed_bytes: int = 0
     kept: int = 0
     kept_bytes: int = 0
+    leftovers: list[str] = field(default_factory=list)  # paths of leftovers removed (or, dry, to remove)
+    leftover_bytes: int = 0
 
     def as_dict(self) -> dict:
         return self.__dict__.copy()
@@ -26,7 +33,7 @@ class GcReport:
 
 def collect(store: Store, *, max_bytes: int | None, older_than: float | None, dry_run: bool = False) -> GcReport:
     """Remove writable entries unused for `older_than` seconds, then the least recently used
-    until the layer holds at most `max_bytes`."""
+    until the layer holds at most `max_bytes`; then the leftovers (see the module docstring)."""
     now = time.time()
     entries = [e for e in store.entries() if isinstance(e, Entry) and e.layer.writable]
     entries.sort(key=lambda e: last_used(e.path))
@@ -45,17 +52,71 @@ def collect(store: Store, *, max_bytes: int | None, older_than: float | None, dr
         else:
             report.kept += 1
             report.kept_bytes += sizes[entry.key]
-    if not dry_run:
-        _clear_stale_tmp(store.writable.base / "tmp", now)
+    for path in leftovers(store.writable.base, now):
+        report.leftovers.append(str(path))
+        report.leftover_bytes += _tree_bytes(path)
+        if not dry_run:
+            _remove(path)
     return report
 
 
-def _clear_stale_tmp(tmp: Path, now: float) -> None:
-    if not tmp.is_dir():
-        return
-    for child in tmp.iterdir():
-        try:
-            if now - child.stat().st_mtime > STALE_TMP_SECONDS:
-                shutil.rmtree(child, ignore_errors=True)
-        except OSError:
-            continue
+def leftovers(base: Path, now: float) -> list[Path]:
+    """What killed or failed runs left under the writable `base` (<root>/v1) more than
+    LEFTOVER_SECONDS ago, and quarantined entries beyond the newest QUARANTINE_KEEP."""
+    found = [*_listed(base / "tmp", "*"), *_listed(base / "toolchain", ".tmp-*"),
+             *_listed(base / "toolchain", ".probes.json.*")]
+    for records in sorted(base.glob("gfx*/toolchains")):
+        found += _listed(records, ".*.json.*")
+    stale = [p for p in found if now - _newest_mtime(p) > LEFTOVER_SECONDS]
+    quarantined = sorted(_listed(base / "quarantine", "*"), key=_newest_mtime, reverse=True)
+    stale += [p for p in quarantined[QUARANTINE_KEEP:] if now - _newest_mtime(p) > LEFTOVER_SECONDS]
+    return stale
+
+
+def _listed(folder: Path, pattern: str) -> list[Path]:
+    """Children of `folder` matching `pattern`, if `folder` is a real folder (not a symlink)."""
+    if folder.is_symlink() or not folder.is_dir():
+        return []
+    return sorted(folder.glob(pattern))
+
+
+def _newest_mtime(path: Path) -> float:
+    """The newest mtime in the tree at `path` (never following a symlink): a run still writing
+    into an old folder keeps it young."""
+    try:
+        newest = path.lstat().st_mtime
+    except OSError:
+        return time.time()  # vanished or unreadable: not ours to judge now
+    if path.is_symlink() or not path.is_dir():
+        return newest
+    for folder, dirs, files in os.walk(path):
+        for name in dirs + files:
+            try:
+                newest = max(newest, os.lstat(os.path.join(folder, name)).st_mtime)
+            except OSError:
+                continue
+    return newest
+
+
+def _tree_bytes(path: Path) -> int:
+    """Bytes of the regular files in the tree at `path` (never following a symlink)."""
+    if path.is_symlink() or not path.is_dir():
+        return _file_bytes(path)
+    return sum(_file_bytes(Path(folder) / name) for folder, _, files in os.walk(path) for name in files)
+
+
+def _file_bytes(path: Path) -> int:
+    try:
+        st = path.lstat()
+    except OSError:
+        return 0
+    return st.st_size if stat.S_ISREG(st.st_mode) else 0
+
+
+def _remove(path: Path) -> None:
+    """Delete a leftover: a folder tree (rmtree never follows a symlink inside), else the file
+    or symlink itself."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)

@@ -175,6 +175,8 @@ def gc(max_size, older_than, dry_run, cache_dir, as_json):
         verb = "would remove" if dry_run else "removed"
         click.echo(f"{verb} {len(report.removed)} entries ({human_bytes(report.freed_bytes)}); "
                    f"kept {report.kept} ({human_bytes(report.kept_bytes)})")
+        for path in report.leftovers:
+            click.echo(f"{verb} leftover {path}")
 
 
 @click.command()
