@@ -172,8 +172,8 @@ def test_the_offline_miss_names_the_command_that_fills_its_key(tmp_path, spec):
     assert _command_keys(command, fingerprint) == {missed}, command
 
 
-@pytest.mark.xfail(strict=True, reason="needs a Store that writes nothing (no root, stamps or quarantine) and "
-                                       "a toolchain probe memo that is not saved when offline (store.py, toolchain.py)")
+@pytest.mark.xfail(strict=True, reason="Store(settings) still creates the writable root when offline; needs a "
+                                       "Store that writes nothing offline (no root, stamp or quarantine): store.py")
 def test_an_offline_miss_writes_nothing(tmp_path):
     root = tmp_path / "cache"
     with pytest.raises(OfflineMiss):
