@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass
 
 import pytest
@@ -232,6 +233,11 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 # -- fixtures -------------------------------------------------------------------------------
 
+@pytest.fixture(autouse=True)
+def _seeded():
+    torch.manual_seed(int(os.environ.get("K2_TEST_SEED", "0")))
+
+
 @pytest.fixture(scope="module")
 def weights() -> FullWeights:
     return full_weights()
@@ -371,7 +377,9 @@ def test_ffn_seam_matches_vllms_mhc_torch(weights, shards):
     torch.testing.assert_close(seam.r, want["r"], rtol=2 ** -7, atol=0)  # 1 bf16 ulp: the einsum's order
     torch.testing.assert_close(seam.post, want["post"], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(seam.comb, want["comb"], rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(seam.x_norm, want["x_norm"], rtol=2 ** -7, atol=1e-4)
+    # 2 bf16 ulps: the gate's pre differs in f32 ulps (K1 adds the mixes in f64), which can move
+    # one rounding of the bf16 collapse, and the norm's rounding follows it
+    torch.testing.assert_close(seam.x_norm, want["x_norm"], rtol=2 ** -6, atol=1e-4)
     torch.testing.assert_close(k1.mxfp8_dequantize(seam.x_codes, seam.x_scales), seam.x_norm.float(),
                                rtol=2 ** -4, atol=2 ** -4 * float(seam.x_norm.float().abs().max()))
 
