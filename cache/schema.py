@@ -9,6 +9,7 @@ ignore newer fields).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Union
 
@@ -43,8 +44,8 @@ UINT = Leaf("a non-negative integer", lambda v: type(v) is int and v >= 0)
 STR = Leaf("a string", lambda v: type(v) is str)
 BOOL = Leaf("a boolean", lambda v: type(v) is bool)
 NUMBER = Leaf("a number", lambda v: type(v) in (int, float))
-HEX64 = Leaf("64 lowercase hex digits",
-             lambda v: type(v) is str and len(v) == 64 and all(c in "0123456789abcdef" for c in v))
+_HEX64 = re.compile("[0-9a-f]{64}").fullmatch  # json already imported re: no cost on the hit path
+HEX64 = Leaf("64 lowercase hex digits", lambda v: type(v) is str and _HEX64(v) is not None)
 SCALAR = Leaf("a string or an integer", lambda v: type(v) in (str, int))
 KIND = Leaf('"tensor" or "i32"', lambda v: v in ("tensor", "i32"))
 DIM3 = ListOf(UINT, length=3)
@@ -114,12 +115,47 @@ def _list_problem(value: Any, shape: ListOf, where: str) -> str | None:
     return None
 
 
+def predicate(shape: Shape) -> Callable[[Any], bool]:
+    """A fast yes / no test of `shape` (every load runs it; problem() then says what is wrong)."""
+    if isinstance(shape, Leaf):
+        return shape.test
+    if isinstance(shape, MapOf):
+        values = predicate(shape.item)
+        return lambda v: type(v) is dict and all(map(values, v.values()))
+    if isinstance(shape, ListOf):
+        return _list_predicate(shape)
+    fields = tuple((name, predicate(sub)) for name, sub in shape.items())
+
+    def fits(value: Any) -> bool:
+        if type(value) is not dict:
+            return False
+        for name, test in fields:
+            if name not in value or not test(value[name]):
+                return False
+        return True
+
+    return fits
+
+
+def _list_predicate(shape: ListOf) -> Callable[[Any], bool]:
+    items, length, least = predicate(shape.item), shape.length, shape.least
+
+    def fits(value: Any) -> bool:
+        if type(value) is not list or len(value) < least or (length is not None and len(value) != length):
+            return False
+        return all(map(items, value))
+
+    return fits
+
+
+_META_FITS = predicate(META)
+
+
 def meta_problem(meta: Any) -> str | None:
     """What is wrong with a parsed meta.json: its fields' types, then that every launch names a
     kernel of the code object and every argument name is unique; None if nothing."""
-    found = problem(meta, META)
-    if found:
-        return found
+    if not _META_FITS(meta):
+        return problem(meta, META) or "meta.json does not fit its schema"
     kernels = {kernel["name"] for kernel in meta["kernels"]}
     unknown = [launch["kernel"] for launch in meta["launches"] if launch["kernel"] not in kernels]
     if unknown:

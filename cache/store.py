@@ -34,7 +34,7 @@ from .digest import sha256
 from .fs import UnsafeFile, make_dirs, read_regular, write_new
 from .key import cache_key, canonical_json
 from .schema import meta_problem
-from .trust import check_root, level_refusal, make_private_root
+from .trust import check_root, examine, make_private_root
 
 META_SCHEMA = 1
 HSACO_NAME = "kernel.hsaco"
@@ -149,7 +149,7 @@ def meta_digest(data: bytes) -> bytes:
 
 def _read_file(path: Path, cap: int, allow_shared: bool) -> bytes:
     """An entry file's bytes once its level is trusted; CorruptEntry if refused or unreadable."""
-    reason = level_refusal(path, allow_shared)
+    reason = examine(path, allow_shared)[1]
     if reason is not None:
         raise CorruptEntry(f"untrusted: {reason}")
     try:
@@ -163,7 +163,9 @@ def _read_file(path: Path, cap: int, allow_shared: bool) -> bytes:
 def read_entry(layer: Layer, path: Path, arch: str) -> Entry:
     """Load and verify the entry folder at `path` (its prefix folder is the caller's to trust);
     CorruptEntry says what is wrong."""
-    reason = level_refusal(path, layer.allow_shared) or (None if _is_dir(path) else f"{path} is not a folder")
+    exists, reason = examine(path, layer.allow_shared, folder=True)
+    if not exists:
+        raise CorruptEntry(f"{path} is missing")
     if reason is not None:
         raise CorruptEntry(f"untrusted: {reason}")
     data = _read_file(path / META_NAME, META_CAP, layer.allow_shared)
@@ -233,30 +235,28 @@ class Store:
         known = self._arch_trust.get((layer.root, arch))
         if known is not None:
             return known
-        folder = layer.base / arch
-        reason = level_refusal(folder, layer.allow_shared)
-        if reason is None and not os.path.lexists(folder):
+        exists, reason = examine(layer.base / arch, layer.allow_shared, folder=True)
+        if not exists:
             return True
-        if reason is None and not _is_dir(folder):
-            reason = f"{folder} is not a folder"
         if reason is not None:
             _warn_once(f"skipping {arch} of cache layer {layer.root}: {reason}")
         self._arch_trust[(layer.root, arch)] = reason is None
         return reason is None
 
-    def _folder_trusted(self, layer: Layer, folder: Path) -> bool:
-        """Whether a folder below v1/<arch> (a prefix folder, toolchains/) may serve; a refused one
-        is reported once."""
-        reason = level_refusal(folder, layer.allow_shared)
+    @staticmethod
+    def _folder_usable(layer: Layer, folder: Path) -> bool:
+        """Whether a folder below v1/<arch> (a prefix folder, toolchains/) exists and may serve;
+        a refused one is reported once."""
+        exists, reason = examine(folder, layer.allow_shared, folder=True)
         if reason is not None:
             _warn_once(f"skipping cache folder {folder}: {reason}")
-        return reason is None
+        return exists and reason is None
 
     def _private_dir(self, folder: Path) -> Path:
         """`folder` of the writable layer, made 0700 if missing; UntrustedRoot if it is a link or
         others can write it."""
         make_dirs(folder)
-        reason = level_refusal(folder, self.writable.allow_shared)
+        reason = examine(folder, self.writable.allow_shared, folder=True)[1]
         if reason is not None:
             raise UntrustedRoot(f"cannot write into the cache: {reason}")
         return folder
@@ -267,9 +267,9 @@ class Store:
         """The first verified entry for `key` in layer order; bad entries are set aside."""
         for layer in self.layers:
             path = layer.entry_dir(arch, key)
-            if not self._arch_trusted(layer, arch) or not os.path.lexists(path.parent):
+            if not self._arch_trusted(layer, arch) or not self._folder_usable(layer, path.parent):
                 continue
-            if not self._folder_trusted(layer, path.parent) or not os.path.lexists(path):
+            if not os.path.lexists(path):
                 continue
             try:
                 entry = read_entry(layer, path, arch)
@@ -355,9 +355,7 @@ class Store:
         found: list[dict] = []
         for layer in self.layers:
             folder = layer.base / arch / TOOLCHAINS_DIR
-            if not self._arch_trusted(layer, arch) or not os.path.lexists(folder):
-                continue
-            if not self._folder_trusted(layer, folder):
+            if not self._arch_trusted(layer, arch) or not self._folder_usable(layer, folder):
                 continue
             for fingerprint in _toolchain_records(layer, folder):
                 if fingerprint not in found:
@@ -427,7 +425,7 @@ def _entry_paths(layer: Layer, arch_dir: Path) -> Iterator[Path]:
         prefix = arch_dir / name
         if len(name) != 2 or name.startswith("."):
             continue
-        if level_refusal(prefix, layer.allow_shared) is not None or not _is_dir(prefix):
+        if examine(prefix, layer.allow_shared, folder=True)[1] is not None:
             yield prefix
             continue
         try:

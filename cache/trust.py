@@ -31,19 +31,25 @@ def refusal(path: Path, st: os.stat_result, allow_shared: bool) -> str | None:
     return None
 
 
-def level_refusal(path: Path, allow_shared: bool) -> str | None:
-    """refusal() of `path` as it is on disk (not followed); None when it does not exist."""
+def examine(path: Path, allow_shared: bool, folder: bool = False) -> tuple[bool, str | None]:
+    """(whether the cache level `path` exists, why it may not serve code or None), from one
+    lstat; with `folder`, it must be a real folder."""
     try:
         st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    return refusal(path, st, allow_shared)
+    except (FileNotFoundError, NotADirectoryError):
+        return False, None
+    except OSError as exc:
+        return True, f"{path} cannot be examined: {exc.strerror or exc}"
+    reason = refusal(path, st, allow_shared)
+    if reason is None and folder and not stat.S_ISDIR(st.st_mode):
+        reason = f"{path} is not a folder"
+    return True, reason
 
 
 def check_root(path: Path, allow_shared: bool) -> None:
     """Raise UntrustedRoot if the root `path` (followed) or its v1 folder (never a link) could
     be written by others."""
-    reason = refusal(path, path.stat(), allow_shared) or level_refusal(path / "v1", allow_shared)
+    reason = refusal(path, path.stat(), allow_shared) or examine(path / "v1", allow_shared, folder=True)[1]
     if reason is not None:
         raise UntrustedRoot(f"cache root refused: {reason}")
 
