@@ -18,6 +18,7 @@ Entry rules:
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -253,9 +254,12 @@ class Store:
         return exists and reason is None
 
     def _private_dir(self, folder: Path) -> Path:
-        """`folder` of the writable layer, made 0700 if missing; UntrustedRoot if it is a link or
-        others can write it."""
+        """`folder` of the writable layer, made 0700 if missing; NotADirectoryError if a file is
+        in its way (a disk fault, as when a level above it is one), UntrustedRoot if it is a link
+        or others can write it."""
         make_dirs(folder)
+        if not os.path.islink(folder) and not os.path.isdir(folder):
+            raise NotADirectoryError(errno.ENOTDIR, "a file is in the way of a cache folder", str(folder))
         reason = examine(folder, self.writable.allow_shared, folder=True)[1]
         if reason is not None:
             raise UntrustedRoot(f"cannot write into the cache: {reason}")
