@@ -207,7 +207,10 @@ def verify_entry(key: str, arch: str, meta: object, hsaco: bytes) -> None:
 class Store:
     """Read-only layers in order, then the writable layer."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, read_only: bool = False) -> None:
+        """`read_only`: write nothing anywhere (offline lookups): the writable root is searched
+        as one more read-only layer when it exists and is never created, stamped or quarantined
+        into."""
         self.settings = settings
         allow = bool(settings.allow_shared_roots)
         layers = []
@@ -222,10 +225,12 @@ class Store:
                 continue
             layers.append(Layer(root, writable=False, allow_shared=allow))
         writable = settings.writable_root
-        make_private_root(writable)
-        check_root(writable, allow)
-        self.writable = Layer(writable, writable=True, allow_shared=allow)
-        self.layers: tuple[Layer, ...] = (*layers, self.writable)
+        if not read_only:
+            make_private_root(writable)
+        if writable.is_dir():
+            check_root(writable, allow)
+        self.writable = Layer(writable, writable=not read_only, allow_shared=allow)
+        self.layers: tuple[Layer, ...] = (*layers, self.writable) if writable.is_dir() else tuple(layers)
         self._arch_trust: dict[tuple[Path, str], bool] = {}
 
     # -- trust -------------------------------------------------------------------------------

@@ -94,7 +94,7 @@ class _Session:
 
     def __init__(self, settings: Settings | None, store: Store | None) -> None:
         self.settings = settings or Settings()
-        self.store = store or Store(self.settings)
+        self.store = store or Store(self.settings, read_only=bool(self.settings.offline))
         try:
             self.toolchain: Toolchain | None = resolve_toolchain(self.settings)
             self.unavailable: ToolchainError | None = None

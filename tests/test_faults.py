@@ -172,10 +172,28 @@ def test_the_offline_miss_names_the_command_that_fills_its_key(tmp_path, spec):
     assert _command_keys(command, fingerprint) == {missed}, command
 
 
-@pytest.mark.xfail(strict=True, reason="Store(settings) still creates the writable root when offline; needs a "
-                                       "Store that writes nothing offline (no root, stamp or quarantine): store.py")
 def test_an_offline_miss_writes_nothing(tmp_path):
     root = tmp_path / "cache"
     with pytest.raises(OfflineMiss):
         resolve("router", Spec(8, 4, 1024, 2), settings=settings_at(root, MONO_JIT_OFFLINE="1"))
     assert not root.exists(), sorted(str(p) for p in root.rglob("*"))
+
+
+def test_offline_lookups_of_a_cache_write_nothing_in_it(warm_cache):
+    """A hit and a corrupt entry, offline: the entry is skipped, not quarantined; no byte of the
+    cache changes."""
+    def snapshot():
+        return {str(p): (p.stat().st_mtime_ns, p.read_bytes() if p.is_file() else None)
+                for p in sorted(warm_cache.rglob("*"))}
+
+    settings = settings_at(warm_cache, MONO_JIT_OFFLINE="1")
+    hsaco = next(warm_cache.rglob("kernel.hsaco"))
+    hsaco.write_bytes(hsaco.read_bytes()[:-1] + b"\0")
+    before = snapshot()
+    for spec in (Spec(8, 128, 8192, 1), Spec(8, 4, 1024, 1)):
+        for name in ("router", "keytable"):
+            try:
+                resolve(name, spec, settings=settings)
+            except OfflineMiss:
+                pass
+    assert snapshot() == before
