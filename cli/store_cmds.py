@@ -165,9 +165,9 @@ def _parse_age(ctx, param, value):
 @json_option
 @guarded
 def gc(max_size, older_than, dry_run, cache_dir, as_json):
-    """Evict least-recently-used entries of the writable layer by age and/or total size."""
-    if max_size is None and older_than is None:
-        raise click.UsageError("give --max-size and/or --older-than")
+    """Evict least-recently-used entries of the writable layer by age and/or total size, and
+    remove what killed runs left (temporary folders older than an hour; quarantined entries but
+    the newest few). With neither --max-size nor --older-than, only those leftovers go."""
     report = collect(store_for(cache_dir), max_bytes=max_size, older_than=older_than, dry_run=dry_run)
     if as_json:
         emit_json({**report.as_dict(), "dry_run": dry_run})
