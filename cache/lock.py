@@ -27,6 +27,7 @@ from typing import Iterator
 from mono_jit.errors import LockTimeout, MonoJitError, UntrustedRoot
 
 from .fs import make_dirs
+from .trust import refusal
 
 LOG_EVERY = 10.0
 POLL_EVERY = 0.05
@@ -36,23 +37,15 @@ _log = logging.getLogger(__name__)
 
 
 def check_lock_dir(folder: Path, allow_shared: bool) -> None:
-    """The trust rule of cache roots, for the lock folder: a folder others can write to (group /
-    world-writable, or owned by another non-root user) is refused unless shared roots are allowed."""
+    """The trust rule of cache levels (trust.refusal), for the lock folder: one others can write to
+    (group / world-writable, or owned by another non-root user) is refused unless shared roots are
+    allowed."""
     st = folder.stat()
     if not stat.S_ISDIR(st.st_mode):
         raise MonoJitError(f"lock folder {folder} is not a folder; move it away or set MONO_JIT_LOCK_DIR elsewhere")
-    if allow_shared:
-        return
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise UntrustedRoot(
-            f"lock folder {folder} is group/world-writable (mode {stat.S_IMODE(st.st_mode):o}); "
-            "chmod go-w it, or set MONO_JIT_ALLOW_SHARED_ROOTS=1 to accept it"
-        )
-    if st.st_uid not in (0, os.getuid()):
-        raise UntrustedRoot(
-            f"lock folder {folder} is owned by uid {st.st_uid}, not by you ({os.getuid()}) or root; "
-            "set MONO_JIT_ALLOW_SHARED_ROOTS=1 to accept it"
-        )
+    reason = refusal(folder, st, allow_shared)
+    if reason is not None:
+        raise UntrustedRoot(f"lock folder refused: {reason}")
 
 
 def prepare_lock_dir(folder: Path, allow_shared: bool) -> Path:
