@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from conftest import SMALL_SPECS, settings_at
+from mono_jit.cache import Store
 from mono_jit.errors import OfflineMiss
 from mono_jit.resolve import resolve, resolve_many
 
@@ -68,6 +69,9 @@ def test_resolve_many_still_verifies_every_entry(warm_cache):
     data = bytearray(hsaco.read_bytes())
     data[-1] ^= 0xFF  # same size, other bytes: only the sha256 can notice
     hsaco.write_bytes(bytes(data))
-    with pytest.raises(OfflineMiss):  # the bad entry is quarantined: a miss, an error offline
+    with pytest.raises(OfflineMiss):  # the bad entry is not served: a miss, an error offline
         resolve_many([("router", SMALL_SPECS[0])], settings=settings)
-    assert (warm_cache / "v1" / "quarantine").is_dir()
+    assert hsaco.exists()  # offline writes nothing: it stays where it is
+    online = settings_at(warm_cache)
+    assert Store(online).lookup(router.entry.key, "gfx950") is None  # a writable store quarantines it
+    assert (warm_cache / "v1" / "quarantine").is_dir() and not hsaco.exists()
