@@ -8,19 +8,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from cache_settings import SMALL_SPECS, settings_at
 
-from mono_jit.config import Settings
 from mono_jit.prebuild import prebuild
 from mono_jit.spec import STANDARD_MAX_TOKENS, Spec
 from mono_jit.templates import get
-
-SMALL_SPECS = [Spec(8, 128, 8192, 1), Spec(8, 4, 1024, 1)]
-
-
-def settings_at(root: Path, **extra: str) -> Settings:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("MONO_JIT_")}
-    environ.update(MONO_JIT_CACHE_DIR=str(root), **extra)
-    return Settings(environ)
 
 
 @pytest.fixture(autouse=True)

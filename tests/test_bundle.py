@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from conftest import settings_at
+from cache_settings import settings_at
 from mono_jit.cache import Entry, Store
 from mono_jit.cache.bundle import export_bundle
 from mono_jit.cache.key import cache_key

@@ -10,7 +10,7 @@ import tarfile
 
 import pytest
 
-from conftest import SMALL_SPECS, settings_at
+from cache_settings import SMALL_SPECS, settings_at
 from mono_jit.cache import Entry, Store
 from mono_jit.cache.bundle import export_bundle, import_bundle
 from mono_jit.errors import BundleError, UntrustedRoot

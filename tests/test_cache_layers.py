@@ -8,7 +8,7 @@ import tarfile
 import pytest
 from click.testing import CliRunner
 
-from conftest import settings_at
+from cache_settings import settings_at
 from mono_jit.cache import Entry, Store
 from mono_jit.cli import main
 

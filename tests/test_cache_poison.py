@@ -14,7 +14,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from conftest import settings_at
+from cache_settings import settings_at
 from mono_jit.cache import Entry, Store
 from mono_jit.cli import main
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import settings_at
+from cache_settings import settings_at
 from mono_jit.cache import Entry, Store
 from mono_jit.errors import UntrustedRoot
 

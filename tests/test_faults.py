@@ -13,7 +13,7 @@ import textwrap
 import pytest
 from click.testing import CliRunner
 
-from conftest import settings_at
+from cache_settings import settings_at
 from mono_jit.build import BuildJob
 from mono_jit.cache import Entry, Store
 from mono_jit.cli import main
@@ -24,7 +24,7 @@ from mono_jit.templates import get
 from mono_jit.toolchain import resolve_toolchain
 from mono_jit.workers import Outcome
 
-# router + keytable at ratio 4 and 128 (8192 = a 1M context), max_tokens 1: conftest's SMALL_SPECS,
+# router + keytable at ratio 4 and 128 (8192 = a 1M context), max_tokens 1: cache_settings.SMALL_SPECS,
 # three keys, all in the golden cache.
 PREBUILD = ["prebuild", "--template", "router,keytable", "--ratio", "4,128", "--max-tokens", "1", "--jobs", "1"]
 

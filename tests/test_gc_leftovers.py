@@ -14,7 +14,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from conftest import SMALL_SPECS, settings_at
+from cache_settings import SMALL_SPECS, settings_at
 from mono_jit.cache import Store
 from mono_jit.cache.gc import collect
 from mono_jit.cli import main

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import settings_at
+from cache_settings import settings_at
 from hook_inputs import Dims, hook_step, layer_weights, random_weights
 from test_gpu import _on_gfx950
 

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from conftest import settings_at
+from cache_settings import settings_at
 from mono_jit.cache import Entry, Store
 from mono_jit.errors import InvalidCodeObject, ResourceError
 from mono_jit.hsaco import check_header, inspect_code_object

@@ -9,7 +9,7 @@ import json
 import re
 
 import pytest
-from conftest import settings_at
+from cache_settings import settings_at
 
 from mono_jit.cache.store import Store
 from mono_jit.config import Settings

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from conftest import settings_at
+from cache_settings import settings_at
 from mono_jit.cache import Store
 from mono_jit.cache.lock import single_flight
 from mono_jit.cli import main

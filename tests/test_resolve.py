@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-from conftest import settings_at
+from cache_settings import settings_at
 from mono_jit.build import BuildJob
 from mono_jit.errors import CaptureError, OfflineMiss, ToolchainError
 from mono_jit.resolve import resolve

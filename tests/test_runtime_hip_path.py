@@ -8,7 +8,7 @@ from __future__ import annotations
 import struct
 
 import pytest
-from conftest import settings_at
+from cache_settings import settings_at
 from hook_inputs import Dims, hook_step, layer_weights, random_weights
 
 from mono_jit.hsaco import read_metadata

@@ -8,7 +8,7 @@ import struct
 
 import pytest
 import torch
-from conftest import settings_at
+from cache_settings import settings_at
 
 from mono_jit.cache.store import Store
 from mono_jit.hsaco import read_metadata

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from conftest import settings_at
+from cache_settings import settings_at
 from mono_jit.toolchain import ProbeMemo, resolve_toolchain
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SMALL_SPECS, settings_at
+from cache_settings import SMALL_SPECS, settings_at
 from mono_jit.errors import ToolchainError
 from mono_jit.prebuild import prebuild
 from mono_jit.spec import Spec

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import SMALL_SPECS, settings_at
+from cache_settings import SMALL_SPECS, settings_at
 from mono_jit.cache import Store
 from mono_jit.errors import OfflineMiss
 from mono_jit.resolve import resolve, resolve_many

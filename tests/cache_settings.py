@@ -1,0 +1,21 @@
+"""Settings for a test's own cache root, and the small grid the session compiles for real.
+
+Kept out of conftest.py so tests import them by a name no other folder's conftest shadows
+(tests/vllm has a conftest of its own)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from mono_jit.config import Settings
+from mono_jit.spec import Spec
+
+SMALL_SPECS = [Spec(8, 128, 8192, 1), Spec(8, 4, 1024, 1)]
+
+
+def settings_at(root: Path, **extra: str) -> Settings:
+    """Settings with `root` as the writable cache and no MONO_JIT_* of the caller's environment."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("MONO_JIT_")}
+    environ.update(MONO_JIT_CACHE_DIR=str(root), **extra)
+    return Settings(environ)
