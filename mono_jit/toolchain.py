@@ -287,6 +287,9 @@ def _is_rocm_root(root: Path, linker: Linker, bitcode: Path) -> bool:
         return False
 
 
+STAGE_ATTEMPTS = 8
+
+
 def stage_root(base: Path, linker: Linker, bitcode: Path) -> Path:
     """A private ROCm-layout root of symlinks: <base>/<digest>/{llvm/bin/ld.lld, amdgcn/bitcode}.
 
@@ -296,17 +299,18 @@ def stage_root(base: Path, linker: Linker, bitcode: Path) -> Path:
     """
     name = sha256(f"{linker.path.resolve()}\0{bitcode.resolve()}".encode()).hexdigest()[:16]
     root = base / name
-    if _is_rocm_root(root, linker, bitcode):
-        return root
-    try:
-        tmp = _build_root(base, linker, bitcode)
-    except OSError as exc:
-        raise ToolchainError(f"cannot stage a toolchain root in {base}: {exc.strerror or exc} "
-                             "(make it a writable folder, or set ROCM_PATH to a ROCm install)") from None
-    try:
-        _publish_root(tmp, root, linker, bitcode)
-    finally:
-        _remove(tmp)
+    for _ in range(STAGE_ATTEMPTS):  # a racing repairer may have the root set aside for a moment
+        if _is_rocm_root(root, linker, bitcode):
+            return root
+        try:
+            tmp = _build_root(base, linker, bitcode)
+        except OSError as exc:
+            raise ToolchainError(f"cannot stage a toolchain root in {base}: {exc.strerror or exc} "
+                                 "(make it a writable folder, or set ROCM_PATH to a ROCm install)") from None
+        try:
+            _publish_root(tmp, root, linker, bitcode)
+        finally:
+            _remove(tmp)
     if not _is_rocm_root(root, linker, bitcode):
         raise ToolchainError(f"could not stage a toolchain root at {root}: remove it and retry")
     return root
