@@ -3,12 +3,14 @@ resolve(), a script without a __main__ guard, offline misses (issue 9). Compiles
 from the golden cache's bytes where the fault, not the compile, is under test."""
 
 import errno
+import itertools
 import json
 import os
 import shlex
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -130,15 +132,21 @@ def test_resolve_reports_disk_errors_in_one_line(golden_pool, tmp_path, monkeypa
     assert str(blocked) in str(info.value) and "\n" not in str(info.value)
 
 
+def readme_python_snippet() -> str:
+    """The README's "From Python" code block, as the README has it (so the test cannot drift)."""
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    after = text[text.index("From Python"):].split("\n")[1:]
+    block = [line for line in itertools.takewhile(lambda line: not line or line.startswith("    "),
+                                                   itertools.dropwhile(lambda line: not line, after))]
+    return textwrap.dedent("\n".join(block)).strip() + "\n"
+
+
 def test_the_readme_snippet_runs_as_a_plain_script(tmp_path):
+    snippet = readme_python_snippet()
+    assert "from mono_jit import Spec, resolve" in snippet and "resolve(" in snippet
     script = tmp_path / "snippet.py"
-    script.write_text(textwrap.dedent("""\
-        print("MAIN RAN", flush=True)
-        from mono_jit import Spec, resolve
-        r = resolve("router", Spec(tp=8, ratio=4, topk_width=1024, max_tokens=8))
-        r.hsaco, r.meta["kernels"], r.meta["launch"], r.meta["arguments"]
-        print("COMPILED" if r.compiled else "HIT", len(r.hsaco))
-    """))
+    script.write_text('print("MAIN RAN", flush=True)\n' + snippet
+                      + 'print("COMPILED" if r.compiled else "HIT", len(r.hsaco))\n')
     env = {**os.environ, "MONO_JIT_CACHE_DIR": str(tmp_path / "cache")}
     done = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path, capture_output=True, text=True,
                           timeout=120)
