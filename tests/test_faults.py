@@ -136,8 +136,8 @@ def readme_python_snippet() -> str:
     """The README's "From Python" code block, as the README has it (so the test cannot drift)."""
     text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     after = text[text.index("From Python"):].split("\n")[1:]
-    block = [line for line in itertools.takewhile(lambda line: not line or line.startswith("    "),
-                                                   itertools.dropwhile(lambda line: not line, after))]
+    block = itertools.takewhile(lambda line: not line or line.startswith("    "),
+                                itertools.dropwhile(lambda line: not line, after))
     return textwrap.dedent("\n".join(block)).strip() + "\n"
 
 
