@@ -22,8 +22,10 @@ need=()
 [ -x /usr/lib/llvm-22/bin/ld.lld ] || need+=(lld-22 llvm-22)
 ls /usr/lib/*/amdgcn/bitcode/ocml.bc >/dev/null 2>&1 || need+=(rocm-device-libs)
 if [ ${#need[@]} -gt 0 ]; then
-  $SUDO apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${need[@]}"
+  # Wait (up to 10 min) for another apt / dpkg holding its locks instead of failing at once.
+  apt=(apt-get -o DPkg::Lock::Timeout=600 -q)
+  $SUDO "${apt[@]}" update
+  DEBIAN_FRONTEND=noninteractive $SUDO "${apt[@]}" install -y "${need[@]}"
 fi
 
 PY=${PYTHON:-python3}
