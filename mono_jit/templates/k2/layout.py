@@ -1,0 +1,474 @@
+"""K2 part one's stage decomposition, sync words, scratch and peer-buffer offsets, as plain
+numbers of a spec (pure Python, like k1/layout.py: the kernel, the runner and the tests read the
+same figures; tests/test_k2_protocol.py runs `program` on a model of 8 ranks x 256 CTAs).
+
+Stages and their task tables (CTA b runs tasks b, b + 256, ...; a stage waits only on earlier
+stages of its own rank, or on peers' pushes of earlier stages, so with all CTAs of every rank
+resident nothing can deadlock). Every task publishes its flag, and every push is made, on every
+launch for all `rows` of the bucket, pad rows (m <= row < rows) included with no wait and zero
+data: so every flag and every peer pair a launch may read was rewritten by the launch before it
+on that word (sync area) or that half (peer buffer), and a 32-bit tag can wrap (see "Tags").
+
+  S1 key table      task = row: the row's SWA window then its CSA / HCA slots (keytable).
+  S2 attention      task = (row, head tile of 16, key chunk): the chunk's (m, l, acc) partial.
+                    Chunks: the most per row that keep the stage to one round of 256 tasks
+                    (chunks = 256 // (rows x head tiles), at most one per 64 keys), the chunk a
+                    multiple of 64 keys. Why: one round means no tail (a second round of a few
+                    tasks would double the stage for them), each task's keys are as few as 256
+                    CTAs allow (the critical path), and the partials (32 KiB a task, the size of
+                    56 records) stay at 256 x 32 KiB = 8 MiB whatever the width; finer chunks
+                    would move more partial bytes than key bytes. CSA (1152 keys): 18 chunks of
+                    64 at 1-8 rows ... 4 of 320 at 64; HCA 8192 (8320 keys): 130 of 64 at 1 row
+                    ... 4 of 2112 at 64. The merge waits on a row's chunks, one thread a flag.
+  S3 merge          task = (row, head): LSE merge with the sink, inverse RoPE, MXFP8 per 32.
+                    Numbered (head block of 4, row, head in block) so a wo_a K half's wait is
+                    one contiguous range of flags.
+  S4 wo_a           task = (N tile of 16 of the groups x 1024 outputs, K half = 4 heads): 256
+                    tasks (K1's S3 split), f32 halves to scratch.
+  S5 z quant        task = row: the two halves summed, bf16, MXFP8 per 32 (K1's S4 role).
+  S6 wo_b           task = N tile of 16 of the 7168 outputs (K = groups x 1024 in one task):
+                    the bf16 tile to `partial`, then pushed as (bf16x2, tag) pairs: one hop, to
+                    every rank's PART[this rank]; two hops, to the columns' owner's RS[this rank].
+  S7 reduce + seam  K1's S1 table (row group of 16, column chunk of 128), imported: the task
+                    reads its rows x 128 columns of y (one hop: PART of the 8 ranks, summed in
+                    rank order; two hops: its owner sums RS in rank order and pushes the bf16
+                    sums to every other rank's AG, the others read AG), folds, mixes.
+  S8 seam gate      K1's S2 table (task = row): gate, Sinkhorn, collapse, ffn_norm, MXFP8 (the
+                    flag is part two's hand-off to the MoE).
+
+Tags: a launch reads its area's epoch e once; its flags and pairs carry e + 1 (mod 2^32, the
+int32 word wrapping) and its pushes go to the peer half e & 1 (the low bit: parity survives the
+wrap; never `e % 2`, negative in signed arithmetic). Within a half, every pair is rewritten every
+second launch, so a pair read at e holds e + 1 (this launch) or e - 1 (two launches ago), never a
+tag that wrapped round. A rank can be at most one launch ahead of any peer (finishing launch e
+needs every peer's pushes of e, which a peer makes only after it finished e - 1): its pushes of
+e + 1 go to the other half than the peers still reading e.
+
+All-reduce: one hop or two (`TWO_HOP_ROWS`, per bucket since pad rows are pushed too).
+Model: a pair carries two bf16 in 8 bytes (4 bytes a value). The 8 GPUs are fully connected,
+7 links a GPU, each peer on its own link, so a step costs hops x L + (bytes on one link) / B.
+  one hop   a rank sends its [M, 7168] partial to each of 7 peers: 4 x 7168 x M = 28672 M bytes
+            a link (200704 M a rank), one hop:        T1 = L + 28672 M / B
+  two hops  reduce-scatter 7 x 1/8 of the partial to the owners, then all-gather its 1/8 of
+            the sums to 7 peers: 2 x 3584 M = 7168 M bytes a link (50176 M a rank, 2 / tp of one
+            hop's), two hops:                          T2 = 2 L + 7168 M / B
+  T2 < T1  when  M > L x B / 21504.
+Figures: B = 76.8 GB/s a direction a link: MI355X's 153.6 GB/s bidirectional Infinity Fabric
+link, 7 links (AMD's MI355X specifications, as quoted by humeconsulting.co "AMD MI355X: Strong
+Node-Level Inference"); L = 5 us a hop (an ASSUMPTION, not measured: a system-scope store
+crossing the fabric, the reader's s_sleep poll loop and the CTA barrier and fences around the
+hand-off; rank skew is paid once either way). Then M* = 5e-6 x 76.8e9 / 21504 = 17.9 rows:
+buckets of 32 and 64 take two hops (at 16 rows: T1 = 11.0 us, T2 = 11.5 us; at 32: 16.9 vs
+13.0). Upstream's TWO_HOP_ROWS = 42 (vllm mono dims.py, exact row counts) puts L x B at 903 KB,
+e.g. L = 11.8 us at the link's peak, or B = 32 GB/s effective at L = 5 us: 8-byte pairs from
+CU stores reach well under the link's peak. Both schemes sum in rank order in f32: same bits.
+
+Buffers (per K2 build, on every rank, allocated before capture): `sync` (int32, zeroed once),
+`work_f32`, `work_u8`, and the peer buffer (`peer_bytes`, symmetric across ranks, uncached,
+zeroed once, IPC-shared). The peer buffer belongs to the build's sync area: its tags are that
+area's epochs, so two builds may not share one (an equal epoch of another area would read as
+this launch's), and every rank's area must hold the same epoch (all created, and dropped, together).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+from ... import model
+from ...spec import Spec
+from ..k1.layout import CTAS, HEAD_DIM, MX_BLOCK, SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, TILE_N, K1Layout
+from ..sync_area import FIRST_FLAG
+
+HEAD_TILE = 16  # heads an attention MFMA takes
+KEY_GRANULE = 64  # a chunk is a multiple of 64 keys
+O_LORA = 1024  # wo_a's outputs a group
+HEADS_PER_GROUP = model.HEADS // model.OUTPUT_GROUPS  # 8: a wo_a group's heads
+WOA_PARTS = 2  # wo_a's K split
+MERGE_BLOCK = HEADS_PER_GROUP // WOA_PARTS  # 4 heads: one wo_a K half
+WOB_TILES = model.HIDDEN // TILE_N  # 448
+PAIR_BYTES = 8  # (value, tag): one 8-byte store
+ROW_ALIGN = 256  # bytes: every region starts on a 256-byte boundary
+
+# The all-reduce's model (module docstring): link bandwidth a direction, latency a hop.
+LINK_BYTES_PER_S = 76.8e9
+HOP_SECONDS = 5e-6
+PAIR_BYTES_PER_VALUE = PAIR_BYTES // 2
+
+
+def allreduce_seconds(rows: int, two_hop: bool, tp: int = 8) -> float:
+    """The model's time of one all-reduce of [rows, 7168] bf16 at TP `tp`."""
+    per_link = PAIR_BYTES_PER_VALUE * model.HIDDEN * rows
+    if two_hop:
+        return 2 * HOP_SECONDS + 2 * per_link / tp / LINK_BYTES_PER_S
+    return HOP_SECONDS + per_link / LINK_BYTES_PER_S
+
+
+def two_hop_threshold(tp: int = 8) -> float:
+    """Rows above which two hops win: L x B / (bytes a link saved a row)."""
+    saved = PAIR_BYTES_PER_VALUE * model.HIDDEN * (1 - 2 / tp)
+    return HOP_SECONDS * LINK_BYTES_PER_S / saved
+
+
+TWO_HOP_ROWS = math.ceil(two_hop_threshold())  # 18: buckets 32 and 64 take two hops
+
+
+def _align(n: int) -> int:
+    return -(-n // ROW_ALIGN) * ROW_ALIGN
+
+
+@dataclass(frozen=True)
+class K2Layout:
+    """Every width, task count and offset of one K2 part-one build."""
+
+    tp: int
+    ratio: int
+    topk_width: int
+    rows: int  # max_tokens: the bucket
+
+    @classmethod
+    def of(cls, spec: Spec) -> "K2Layout":
+        return cls(tp=spec.tp, ratio=spec.ratio, topk_width=spec.topk_width, rows=spec.max_tokens)
+
+    # -- widths ------------------------------------------------------------------------
+    @property
+    def heads(self) -> int:
+        return model.HEADS // self.tp
+
+    @property
+    def head_tiles(self) -> int:
+        return math.ceil(self.heads / HEAD_TILE)
+
+    @property
+    def groups(self) -> int:
+        return model.OUTPUT_GROUPS // self.tp
+
+    @property
+    def o_width(self) -> int:
+        """wo_a's outputs on this rank (wo_b's K)."""
+        return self.groups * O_LORA
+
+    @property
+    def keys(self) -> int:
+        """A row's key-table width: SWA window, then the top-k."""
+        return model.SWA_WINDOW + self.topk_width
+
+    @cached_property
+    def chunk(self) -> int:
+        """Keys a S2 task (module docstring: one round of 256 tasks)."""
+        chunks = max(1, min(math.ceil(self.keys / KEY_GRANULE), CTAS // (self.rows * self.head_tiles)))
+        return math.ceil(self.keys / chunks / KEY_GRANULE) * KEY_GRANULE
+
+    @property
+    def chunks(self) -> int:
+        return math.ceil(self.keys / self.chunk)
+
+    @property
+    def seam(self) -> K1Layout:
+        """K1's seam decomposition, reused for the FFN seam (one definition, both launches)."""
+        return K1Layout(self.tp, self.rows)
+
+    @property
+    def two_hop(self) -> bool:
+        return self.rows >= TWO_HOP_ROWS
+
+    @property
+    def owned_cols(self) -> int:
+        """Two hops: the columns a rank sums (rank r owns [r x owned_cols, (r + 1) x owned_cols))."""
+        return model.HIDDEN // self.tp
+
+    # -- task tables -------------------------------------------------------------------
+    @property
+    def s1_tasks(self) -> int:
+        return self.rows
+
+    @property
+    def s2_tasks(self) -> int:
+        return self.rows * self.head_tiles * self.chunks
+
+    @property
+    def s3_tasks(self) -> int:
+        return self.rows * self.heads
+
+    @property
+    def o_tiles(self) -> int:
+        return self.o_width // TILE_N
+
+    @property
+    def s4_tasks(self) -> int:
+        return self.o_tiles * WOA_PARTS
+
+    @property
+    def s5_tasks(self) -> int:
+        return self.rows
+
+    @property
+    def s6_tasks(self) -> int:
+        return WOB_TILES
+
+    @property
+    def s7_tasks(self) -> int:
+        return self.seam.s1_tasks
+
+    @property
+    def s8_tasks(self) -> int:
+        return self.rows
+
+    # task -> its coordinates
+    def s2_task(self, task):
+        """(row, head tile, chunk); chunks innermost, so a row's chunks are adjacent flags."""
+        return task // (self.head_tiles * self.chunks), task // self.chunks % self.head_tiles, task % self.chunks
+
+    def s3_task(self, task):
+        """(row, head): numbered (head block, row, head in block)."""
+        block = task // (self.rows * MERGE_BLOCK)
+        return task // MERGE_BLOCK % self.rows, block * MERGE_BLOCK + task % MERGE_BLOCK
+
+    def s4_task(self, task):
+        """(N tile, K half); the K half's 4 heads are head block tile's group x 2 + half."""
+        return task // WOA_PARTS, task % WOA_PARTS
+
+    def s7_task(self, task):
+        """(row group of 16, column chunk of 128), K1's S1 numbering (K1Layout.s2_awaits)."""
+        return task // SEAM_CHUNKS, task % SEAM_CHUNKS
+
+    def wob_owner(self, tile: int) -> int:
+        return tile * TILE_N // self.owned_cols
+
+    def seam_owner(self, chunk: int) -> int:
+        return chunk * SEAM_CHUNK // self.owned_cols
+
+    # -- sync words (int32): epoch, exit and arrival counters, then a flag per producer task --
+    @property
+    def f_keys(self) -> int:
+        return FIRST_FLAG
+
+    @property
+    def f_attn(self) -> int:
+        return self.f_keys + self.s1_tasks
+
+    @property
+    def f_merge(self) -> int:
+        return self.f_attn + self.s2_tasks
+
+    @property
+    def f_woa(self) -> int:
+        return self.f_merge + self.s3_tasks
+
+    @property
+    def f_z(self) -> int:
+        return self.f_woa + self.s4_tasks
+
+    @property
+    def f_seam(self) -> int:
+        """S7's flags (S6 has none: its hand-off is its pushes)."""
+        return self.f_z + self.s5_tasks
+
+    @property
+    def f_norm(self) -> int:
+        return self.f_seam + self.s7_tasks
+
+    @property
+    def sync_words(self) -> int:
+        return self.f_norm + self.s8_tasks
+
+    # -- what each stage waits for: (first flag, count) -----------------------------------
+    # Plain arithmetic on a task, row or m: the kernel traces these on DSL values, the protocol
+    # model runs them on ints.
+    def s2_awaits(self, task):
+        """The task's row's key table."""
+        return self.f_keys + self.s2_task(task)[0], 1
+
+    def s3_awaits(self, task):
+        """Every chunk of the task's row and head tile."""
+        row, head = self.s3_task(task)
+        return self.f_attn + (row * self.head_tiles + head // HEAD_TILE) * self.chunks, self.chunks
+
+    def s4_awaits(self, task, m):
+        """The merges of the task's K half's 4 heads for the rows below m (contiguous)."""
+        tile, half = self.s4_task(task)
+        block = tile * TILE_N // O_LORA * WOA_PARTS + half
+        return self.f_merge + block * self.rows * MERGE_BLOCK, MERGE_BLOCK * m
+
+    def s5_awaits(self):
+        """Every wo_a task (each row needs every output of both K halves)."""
+        return self.f_woa, self.s4_tasks
+
+    def s6_awaits(self, m):
+        """S5's rows below m."""
+        return self.f_z, m
+
+    def s8_awaits(self, row):
+        """K1's S2 wait (all column chunks of the row's group) on K2's S7 flags."""
+        first, count = self.seam.s2_awaits(row)
+        return first - self.seam.f1 + self.f_seam, count
+
+    # -- peer hand-offs: units of pairs a task writes, in the half of the launch's parity -----
+    # A unit is what one task pushes to one rank: PART / RS unit src x 448 + tile (a wo_b tile's
+    # 16 columns x all rows, from rank src); AG unit = S7 task (its group's rows x 128 columns).
+    def s6_pushes(self, task, rank):
+        """(peer, region, unit) of wo_b tile `task` on `rank`, peers from the rank's own on."""
+        unit = rank * WOB_TILES + task
+        if self.two_hop:
+            return [(self.wob_owner(task), "rs", unit)]
+        return [((rank + i) % self.tp, "part", unit) for i in range(self.tp)]
+
+    def s7_peer_awaits(self, task, rank):
+        """(region, first unit, count) the S7 task reads on `rank`: the 8 tiles of its chunk
+        from every rank (one hop; two hops on the chunk's owner), or the owner's AG unit."""
+        _, chunk = self.s7_task(task)
+        tiles = SEAM_CHUNK // TILE_N
+        if self.two_hop and self.seam_owner(chunk) != rank:
+            return [("ag", task, 1)]
+        region = "rs" if self.two_hop else "part"
+        return [(region, src * WOB_TILES + chunk * tiles, tiles) for src in range(self.tp)]
+
+    def s7_pushes(self, task, rank):
+        """Two hops, on the chunk's owner: its sums to every other rank's AG."""
+        if not self.two_hop or self.seam_owner(self.s7_task(task)[1]) != rank:
+            return []
+        return [((rank + i) % self.tp, "ag", task) for i in range(1, self.tp)]
+
+    def peer_units(self, region: str) -> int:
+        return self.s7_tasks if region == "ag" else self.tp * WOB_TILES
+
+    @staticmethod
+    def peer_half(epoch: int) -> int:
+        """The half a launch that read `epoch` pushes to and reads: its low bit."""
+        return epoch & 1
+
+    # -- the program ------------------------------------------------------------------
+    def _tasks(self, cta: int, count: int) -> range:
+        return range(cta, count, CTAS)
+
+    def program(self, cta: int, m: int, rank: int) -> list[tuple]:
+        """CTA `cta`'s hand-offs on `rank` in one launch of m rows, in the kernel's order:
+        ("wait", first, count), ("publish", flag, 1), ("push", peer, region, unit) and
+        ("await_peers", region, first unit, count) in its own buffer's half."""
+        steps: list[tuple] = [("publish", self.f_keys + row, 1) for row in self._tasks(cta, self.s1_tasks)]
+        for task in self._tasks(cta, self.s2_tasks):
+            steps += [("wait", *self.s2_awaits(task))] if self.s2_task(task)[0] < m else []
+            steps.append(("publish", self.f_attn + task, 1))
+        for task in self._tasks(cta, self.s3_tasks):
+            steps += [("wait", *self.s3_awaits(task))] if self.s3_task(task)[0] < m else []
+            steps.append(("publish", self.f_merge + task, 1))
+        for task in self._tasks(cta, self.s4_tasks):
+            steps += [("wait", *self.s4_awaits(task, m)), ("publish", self.f_woa + task, 1)]
+        for row in self._tasks(cta, self.s5_tasks):
+            steps += [("wait", *self.s5_awaits())] if row < m else []
+            steps.append(("publish", self.f_z + row, 1))
+        for task in self._tasks(cta, self.s6_tasks):
+            steps += [("wait", *self.s6_awaits(m))] + [("push", *p) for p in self.s6_pushes(task, rank)]
+        for task in self._tasks(cta, self.s7_tasks):
+            live = self.s7_task(task)[0] * SEAM_GROUP < m
+            steps += [("await_peers", *a) for a in self.s7_peer_awaits(task, rank)] if live else []
+            steps += [("push", *p) for p in self.s7_pushes(task, rank)]
+            steps.append(("publish", self.f_seam + task, 1))
+        for row in self._tasks(cta, self.s8_tasks):
+            steps += [("wait", *self.s8_awaits(row))] if row < m else []
+            steps.append(("publish", self.f_norm + row, 1))
+        return steps
+
+    # -- f32 scratch (words) -------------------------------------------------------------
+    @property
+    def attn_ml(self) -> int:
+        """[S2 tasks, 2, 16] each chunk's base-2 max and sum per head of its tile."""
+        return 0
+
+    @property
+    def attn_acc(self) -> int:
+        """[S2 tasks, 16, 512] each chunk's unnormalised sum of 2^(s - m) v per head."""
+        return self.attn_ml + self.s2_tasks * 2 * HEAD_TILE
+
+    @property
+    def woa_raw(self) -> int:
+        """[2 K halves, rows, o_width] wo_a's f32 halves (S5 sums them)."""
+        return self.attn_acc + self.s2_tasks * HEAD_TILE * HEAD_DIM
+
+    @property
+    def f32_words(self) -> int:
+        return self.woa_raw + WOA_PARTS * self.rows * self.o_width
+
+    # -- byte scratch ------------------------------------------------------------------
+    @property
+    def operand_rows(self) -> int:
+        """Token rows a GEMV's B operand reads: whole 16-token tiles (K1Layout.operand_rows)."""
+        return math.ceil(self.rows / TILE_N) * TILE_N
+
+    @property
+    def key_slots(self) -> int:
+        """[rows, keys] int32 key table, -1 after a row's keys."""
+        return 0
+
+    @property
+    def key_counts(self) -> int:
+        """[rows, 2] int32: a row's keys and its leading SWA keys."""
+        return _align(self.key_slots + 4 * self.rows * self.keys)
+
+    @property
+    def xo_codes(self) -> int:
+        """[operand_rows, heads x 512] e4m3 of the merged, inverse-RoPE'd o (wo_a's input)."""
+        return _align(self.key_counts + 4 * 2 * self.rows)
+
+    @property
+    def xo_scales(self) -> int:
+        """[operand_rows, heads x 16] its E8M0 codes."""
+        return _align(self.xo_codes + self.operand_rows * self.heads * HEAD_DIM)
+
+    @property
+    def z_codes(self) -> int:
+        """[operand_rows, o_width] e4m3 of wo_a's bf16 output (wo_b's input)."""
+        return _align(self.xo_scales + self.operand_rows * self.heads * HEAD_DIM // MX_BLOCK)
+
+    @property
+    def z_scales(self) -> int:
+        """[operand_rows, o_width / 32]."""
+        return _align(self.z_codes + self.operand_rows * self.o_width)
+
+    @property
+    def partial(self) -> int:
+        """[rows, 7168] bf16: the rank's partial (wo_b's tiles, as they are pushed)."""
+        return _align(self.z_scales + self.operand_rows * self.o_width // MX_BLOCK)
+
+    @property
+    def bytes(self) -> int:
+        return _align(self.partial + 2 * self.rows * model.HIDDEN)
+
+    # -- the peer buffer: two halves (epoch parity), each the attention all-reduce's region ----
+    @property
+    def part(self) -> int:
+        """One hop: PART [tp sources, rows, 3584] pairs of (bf16x2, tag)."""
+        return 0
+
+    @property
+    def rs(self) -> int:
+        """Two hops: RS [tp sources, rows, owned_cols / 2] pairs (this rank's columns)."""
+        return 0
+
+    @property
+    def ag(self) -> int:
+        """Two hops: AG [rows, 3584] pairs: the owners' bf16 sums (own columns unused)."""
+        return _align(self.rs + PAIR_BYTES * self.tp * self.rows * self.owned_cols // 2)
+
+    @property
+    def half_bytes(self) -> int:
+        if self.two_hop:
+            return _align(self.ag + PAIR_BYTES * self.rows * model.HIDDEN // 2)
+        return _align(self.part + PAIR_BYTES * self.tp * self.rows * model.HIDDEN // 2)
+
+    @property
+    def peer_bytes(self) -> int:
+        return 2 * self.half_bytes
+
+    def part_pair(self, src, row, col):
+        """Byte offset in a half of PART's pair (src, row, columns col, col + 1)."""
+        return self.part + PAIR_BYTES * ((src * self.rows + row) * (model.HIDDEN // 2) + col // 2)
+
+    def rs_pair(self, src, row, col):
+        """Byte offset in the owner's half of RS's pair (src, row, col, col + 1)."""
+        local = col % self.owned_cols
+        return self.rs + PAIR_BYTES * ((src * self.rows + row) * (self.owned_cols // 2) + local // 2)
+
+    def ag_pair(self, row, col):
+        return self.ag + PAIR_BYTES * (row * (model.HIDDEN // 2) + col // 2)
