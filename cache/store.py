@@ -226,7 +226,12 @@ class Store:
             layers.append(Layer(root, writable=False, allow_shared=allow))
         writable = settings.writable_root
         if not read_only:
-            make_private_root(writable)
+            try:
+                make_private_root(writable)
+            except OSError as exc:  # an unwritable HOME: hits from the read-only layers still serve
+                _warn_once(f"cannot create the writable cache root {writable} ({exc.strerror or exc}): serving "
+                           "from the read-only layers only; a miss cannot be compiled into it")
+                read_only = True
         if writable.is_dir():
             check_root(writable, allow)
         self.writable = Layer(writable, writable=not read_only, allow_shared=allow)

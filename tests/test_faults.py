@@ -205,3 +205,15 @@ def test_offline_lookups_of_a_cache_write_nothing_in_it(warm_cache):
             except OfflineMiss:
                 pass
     assert snapshot() == before
+
+
+def test_hits_from_a_read_only_layer_need_no_writable_folder(warm_cache, tmp_path):
+    """An unwritable HOME (here: the writable root would sit below a file, which even root cannot
+    create): pure hits still serve from MONO_JIT_CACHE_PATH; a miss is a one-line error."""
+    blocker = tmp_path / "home-file"
+    blocker.write_text("")
+    settings = settings_at(blocker / "cache", MONO_JIT_CACHE_PATH=str(warm_cache))
+    assert not resolve("router", Spec(8, 4, 1024, 1), settings=settings).compiled
+    with pytest.raises(MonoJitError) as info:
+        resolve("router", Spec(8, 4, 1024, 2), settings=settings)
+    assert "\n" not in str(info.value) and str(blocker) in str(info.value)
