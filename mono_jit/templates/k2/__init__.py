@@ -13,6 +13,7 @@ Part one, in stage order (semantics: `reference.py`, one function a stage):
   5. FFN seam      the fold into K1's residual, the mixes with hc_ffn_*, Sinkhorn, collapse,
                    ffn_norm and the MXFP8 of the normed row (the MoE's input, part two)
 
-Only the torch reference exists: the kernel and its template registration are not built yet,
+`layout.py` holds the stage decomposition, sync words, scratch and peer-buffer offsets and each
+CTA's hand-offs (tests/test_k2_protocol.py runs them on 8 ranks). Only the torch reference exists: the kernel and its template registration are not built yet,
 so nothing here registers and the runner keeps declining K2.
 """
