@@ -58,7 +58,7 @@ def prebuild(tp, max_model_len, max_tokens, ratio, template_names, arch, jobs, t
         specs = deployment_grid(tp, max_model_len, max_tokens or STANDARD_MAX_TOKENS, ratio or RATIOS, arch)
     except SpecError as exc:
         raise click.UsageError(str(exc))
-    names = comma_words(template_names)
+    names = comma_words(template_names, "--template")
     try:
         templates = [get(n) for n in names] if names else list(all_templates().values())
     except MonoJitError as exc:

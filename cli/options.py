@@ -28,8 +28,14 @@ def comma_ints(option: str) -> Callable[[click.Context, click.Parameter, str | N
     return parse
 
 
-def comma_words(value: str | None) -> tuple[str, ...] | None:
-    return None if value is None else tuple(p.strip() for p in value.split(",") if p.strip())
+def comma_words(value: str | None, option: str) -> tuple[str, ...] | None:
+    """'a,b' -> ('a', 'b'); None when the option was not given; a usage error when it names nothing."""
+    if value is None:
+        return None
+    words = tuple(p.strip() for p in value.split(",") if p.strip())
+    if not words:
+        raise click.BadParameter(f"{value!r}: expected at least one name", param_hint=option)
+    return words
 
 
 def emit_json(data: Any) -> None:
@@ -42,7 +48,8 @@ def fail(message: str, code: int = 1) -> None:
 
 
 def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn MonoJitError into a one-line error and exit 1 (bad arguments exit 2 through click)."""
+    """Turn MonoJitError and OSError into a one-line error and exit 1 (bad arguments exit 2
+    through click)."""
     import functools
 
     @functools.wraps(fn)
@@ -51,6 +58,9 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         except MonoJitError as exc:
             fail(str(exc))
+        except OSError as exc:  # a path the user gave or the cache holds: say which and why
+            where = f"{exc.filename}: " if exc.filename else ""
+            fail(f"{where}{exc.strerror or exc}")
 
     return wrapper
 

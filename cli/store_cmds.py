@@ -186,10 +186,12 @@ def gc(max_size, older_than, dry_run, cache_dir, as_json):
 @guarded
 def clear(yes, cache_dir, as_json):
     """Remove every entry of the writable layer (read-only layers are never touched)."""
+    if as_json and not yes:
+        raise click.UsageError("clear --json cannot ask for confirmation: add --yes")
     store = store_for(cache_dir)
     paths = [item.path if isinstance(item, Entry) else item[0] for item in store.entries()]
     doomed = [p for p in paths if p.is_relative_to(store.writable.root)]
-    if not yes and not as_json:
+    if not yes:
         click.confirm(f"remove {len(doomed)} entries from {store.writable.root}?", abort=True)
     for path in doomed:
         store.remove(path)

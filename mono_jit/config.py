@@ -23,8 +23,23 @@ class Setting:
     help: str
 
 
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
 def _flag(text: str) -> bool:
-    return text.strip().lower() in ("1", "true", "yes", "on")
+    """A boolean setting: one of 1 / true / yes / on or 0 / false / no / off (any case); anything
+    else is an error, never silently off."""
+    word = text.strip().lower()
+    if word not in _TRUE + _FALSE:
+        raise ValueError(f"expected one of {', '.join(_TRUE + _FALSE)}")
+    return word in _TRUE
+
+
+def _cache_dir(text: str) -> Path:
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError("it is not a folder")
+    return path
 
 
 def _paths(text: str) -> tuple[Path, ...]:
@@ -52,7 +67,7 @@ def _backend(text: str) -> str:
 
 # name, variable, parser, default factory, help
 _TABLE: tuple[tuple[str, str, Callable[[str], object], Callable[[], object], str], ...] = (
-    ("cache_dir", "MONO_JIT_CACHE_DIR", lambda s: Path(s).expanduser(),
+    ("cache_dir", "MONO_JIT_CACHE_DIR", _cache_dir,
      _default_cache_dir, "the writable cache root"),
     ("cache_path", "MONO_JIT_CACHE_PATH", _paths, tuple,
      "read-only cache roots searched before the writable one (colon-separated)"),

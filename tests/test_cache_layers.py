@@ -73,5 +73,5 @@ def test_gc_reaches_the_writable_copy(shadowed):
 
 def test_clear_reaches_the_writable_copy(shadowed):
     cli, key = shadowed
-    assert json.loads(cli("clear", "--json").output) == {"removed": 3}
+    assert json.loads(cli("clear", "--json", "--yes").output) == {"removed": 3}
     assert json.loads(cli("list", "--json").output) == []

@@ -44,7 +44,7 @@ def test_round_trip(warm_cache, tmp_path):
     assert json.loads(run("inspect", key[:12], "--json", *cache).stdout)["key"] == key
     bundle = tmp_path / "cache.tar.gz"
     run("export", str(bundle), *cache)
-    assert json.loads(run("clear", "--json", *cache).stdout) == {"removed": 3}
+    assert json.loads(run("clear", "--json", "--yes", *cache).stdout) == {"removed": 3}
     assert json.loads(run("list", "--json", *cache).stdout) == []
     assert json.loads(run("import", str(bundle), "--json", *cache).stdout)["imported"] == 3
     verified = json.loads(run("verify", "--rebuild", "--json", *cache).stdout)

@@ -14,6 +14,7 @@ plug-in was written against (logged once). `register` imports nothing of vLLM, t
 
 from __future__ import annotations
 
+import logging
 import sys
 
 from .finder import RunnerFinder
@@ -22,8 +23,14 @@ from .finder import RunnerFinder
 def register() -> None:
     """The entry point: install the finder (idempotent, cheap)."""
     from ..config import Settings
+    from ..errors import MonoJitError
 
-    if not Settings().vllm_plugin:
+    try:
+        enabled = Settings().vllm_plugin
+    except MonoJitError as exc:  # a malformed MONO_JIT_* setting must not take vLLM down
+        logging.getLogger("mono_jit.vllm").warning("mono-jit's vLLM plug-in is off: %s", exc)
+        return
+    if not enabled:
         return
     if not any(isinstance(finder, RunnerFinder) for finder in sys.meta_path):
         sys.meta_path.insert(0, RunnerFinder())
