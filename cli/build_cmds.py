@@ -73,6 +73,10 @@ def prebuild(tp, max_model_len, max_tokens, ratio, template_names, arch, jobs, t
             bar.update(task, advance=1, description=f"{event} {job.label}")
             if event == "failed":
                 console.print(f"[red]failed[/red] {escape(detail)}", soft_wrap=True)  # one line, markup-free
+            elif not console.is_terminal:  # no bar off a TTY (a docker build log): one line a job
+                done = bar.tasks[0].completed
+                console.print(f"[{done:.0f}/{bar.tasks[0].total or '?'}] {event} {escape(job.label)}", soft_wrap=True,
+                              markup=False)
 
         summary, planned = run_prebuild(templates, specs, settings, jobs=jobs, timeout=timeout, progress=progress,
                                         on_plan=lambda count: bar.update(task, total=count))

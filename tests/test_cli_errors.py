@@ -63,3 +63,12 @@ def test_a_malformed_setting_keeps_the_vllm_plugin_off_without_an_error():
     out = subprocess.run([sys.executable, "-c", code], env={"MONO_JIT_VLLM": "maybe", "PATH": "/usr/bin"},
                          capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "False" and "plug-in is off" in out.stderr, out.stderr
+
+
+def test_prebuild_off_a_terminal_logs_one_line_per_job(warm_cache):
+    code, out = invoke("prebuild", "--template", "router,keytable", "--ratio", "4,128", "--max-tokens", "1",
+                       "--cache-dir", str(warm_cache))
+    assert code == 0, out
+    lines = [line for line in out.splitlines() if line.startswith("[")]
+    assert len(lines) == 3 and all(" hit " in line for line in lines), out
+    assert lines[-1].startswith("[3/3] hit "), out
