@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import click
 
 from mono_jit.cache import Entry, Store
@@ -25,9 +27,17 @@ def doctor(deep, cache_dir, as_json):
     checks = Checks()
 
     def toolchain():
+        if importlib.util.find_spec("flydsl") is None:  # a lean serving host, by design
+            return "none here (no FlyDSL): this host serves hits only; pip install 'mono-jit[build]' to compile"
         tc = resolve_toolchain(settings)
-        return {"rocm_path": str(tc.rocm_path), "ld_lld": str(tc.linker.path), "bitcode": str(tc.bitcode_dir),
-                **tc.fingerprint}
+        entries = [e for e in Store(settings).entries() if isinstance(e, Entry)]
+        matching = sum(e.meta["factors"]["toolchain"] == tc.fingerprint for e in entries)
+        if entries and not matching:
+            raise MonoJitError(f"none of the {len(entries)} cache entries was built by this toolchain "
+                               f"({tc.fingerprint}): every lookup here misses; run mono-jit prebuild "
+                               "(mono-jit explain shows which factor differs)")
+        return {"ld_lld_path": str(tc.linker.path), "bitcode": str(tc.bitcode_dir), **tc.fingerprint,
+                "entries_built_by_it": matching}
 
     def cache():
         store = Store(settings)

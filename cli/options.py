@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any, Callable
 
@@ -58,6 +59,9 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         except MonoJitError as exc:
             fail(str(exc))
+        except BrokenPipeError:  # the reader went away (`| head`): nothing more to say
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(1)
         except OSError as exc:  # a path the user gave or the cache holds: say which and why
             where = f"{exc.filename}: " if exc.filename else ""
             fail(f"{where}{exc.strerror or exc}")

@@ -67,3 +67,12 @@ def test_a_lean_host_miss_says_it_cannot_compile_in_one_line(lean_python, warm_c
     out = run(lean_python, code, warm_cache)
     assert out.returncode == 0 and "cannot be compiled here" in out.stdout and "mono-jit[build]" in out.stdout, \
         out.stdout + out.stderr[-2000:]
+
+
+def test_doctor_on_a_lean_host_says_it_serves_hits_only(lean_python, warm_cache):
+    code = ("import sys; from mono_jit.cli import main; sys.argv = ['mono-jit', 'doctor', '--json']; main()")
+    out = run(lean_python, code, warm_cache)
+    assert out.returncode == 0, out.stdout + out.stderr[-2000:]
+    checks = {c["check"]: c for c in json.loads(out.stdout)["checks"]}
+    assert checks["toolchain"]["ok"] and "serves hits only" in checks["toolchain"]["detail"]
+    assert checks["cache"]["ok"] and checks["cache"]["detail"]["entries"] == 3
