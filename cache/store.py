@@ -354,13 +354,13 @@ class Store:
     def _record_toolchain(self, arch: str, fingerprint: dict) -> None:
         """Remember which toolchain built entries here, so a process that cannot fingerprint a
         toolchain of its own (no FlyDSL or ld.lld on a serving host) can still find them."""
-        text = canonical_json(fingerprint)
+        name, data = toolchain_record(fingerprint)
         folder = self._private_dir(self.writable.base / arch / TOOLCHAINS_DIR)
-        target = folder / f"{sha256(text.encode()).hexdigest()[:16]}.json"
+        target = folder / name
         if os.path.lexists(target):
             return
         tmp = folder / f".{target.name}.{os.getpid()}.{unique_suffix(6)}"
-        write_new(tmp, text.encode(), FILE_MODE)
+        write_new(tmp, data, FILE_MODE)
         os.replace(tmp, target)
 
     def recorded_toolchains(self, arch: str) -> list[dict]:
@@ -416,6 +416,12 @@ class Store:
                 os.utime(stamp, follow_symlinks=False)
         except OSError:
             pass
+
+
+def toolchain_record(fingerprint: dict) -> tuple[str, bytes]:
+    """(file name, contents) of a toolchain record in `v1/<arch>/toolchains/`."""
+    text = canonical_json(fingerprint)
+    return f"{sha256(text.encode()).hexdigest()[:16]}.json", text.encode()
 
 
 def _write_entry(folder: Path, hsaco: bytes, meta: dict) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from pathlib import Path
 
 import click
 from rich.console import Console
@@ -12,7 +13,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from mono_jit import model
 from mono_jit.build import BuildJob
-from mono_jit.cache import Entry
+from mono_jit.cache import Entry, Store
+from mono_jit.cache.layer import publish_image_layer
 from mono_jit.compiler import compile_here
 from mono_jit.config import Settings
 from mono_jit.errors import MonoJitError, SpecError
@@ -45,14 +47,20 @@ def _default_jobs() -> int:
               help="Compile worker processes.")
 @click.option("--timeout", type=click.FloatRange(min=1), default=600.0, show_default=True,
               help="Seconds one compile may take before its worker is killed.")
+@click.option("--image-layer", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Also copy the built entries into this folder as a read-only cache layer any user can read "
+                   "(folders 0755, files 0444): serve it with MONO_JIT_CACHE_PATH.")
 @cache_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON summary on stdout.")
 @guarded
-def prebuild(tp, max_model_len, max_tokens, ratio, template_names, arch, jobs, timeout, cache_dir, as_json):
+def prebuild(tp, max_model_len, max_tokens, ratio, template_names, arch, jobs, timeout, image_layer, cache_dir,
+             as_json):
     """Compile every kernel a deployment needs into the cache (no GPU needed).
 
     Defaults build DeepSeek-V4-Pro at TP8 with a 1M context for gfx950: every template at every
-    ratio and max-tokens bucket. A second run is all hits. Exits 1 if any build failed.
+    ratio and max-tokens bucket. A second run is all hits. Exits 1 if any build failed. With
+    --image-layer, the entries are also published into that folder for a container image's
+    serving user (README, "Image layers").
     """
     try:
         specs = deployment_grid(tp, max_model_len, max_tokens or STANDARD_MAX_TOKENS, ratio or RATIOS, arch)
@@ -80,11 +88,22 @@ def prebuild(tp, max_model_len, max_tokens, ratio, template_names, arch, jobs, t
 
         summary, planned = run_prebuild(templates, specs, settings, jobs=jobs, timeout=timeout, progress=progress,
                                         on_plan=lambda count: bar.update(task, total=count))
+    layer = {}
+    if image_layer is not None and not summary.failed:
+        store = Store(settings)
+        entries = [store.lookup(job.key, job.arch) for job in planned]
+        missing = [job.label for job, entry in zip(planned, entries) if entry is None]
+        if missing:
+            raise MonoJitError(f"cannot publish the image layer: {', '.join(missing[:3])} left the cache")
+        added = publish_image_layer(list({e.key: e for e in entries}.values()), image_layer)
+        layer = {"image_layer": str(image_layer), "image_layer_added": added}
     if as_json:
-        emit_json({**summary.as_dict(), "cache_dir": str(settings.writable_root), "jobs": len(planned)})
+        emit_json({**summary.as_dict(), "cache_dir": str(settings.writable_root), "jobs": len(planned), **layer})
     else:
         click.echo(f"{len(planned)} builds: {summary.compiled} compiled, {summary.hits} hits, "
                    f"{len(summary.failed)} failed in {summary.seconds:.1f} s -> {settings.writable_root}")
+        if layer:
+            click.echo(f"image layer {image_layer}: {layer['image_layer_added']} entries added")
     if summary.failed:
         raise SystemExit(1)
 
