@@ -40,22 +40,39 @@ def _summary(entry: Entry) -> dict:
             "last_used": time.strftime("%Y-%m-%d %H:%M", time.localtime(last_used(entry.path)))}
 
 
+def _status(entry: Entry) -> str:
+    """"ok", or "stale" when the installed template's sources differ from those that built it
+    (a lookup never reaches it again: gc collects it), or "unknown template"."""
+    try:
+        installed = get(entry.meta["template"]).source_digest()
+    except MonoJitError:
+        return "unknown template"
+    return "ok" if entry.meta["factors"]["template"]["source_digest"] == installed else "stale"
+
+
 @click.command(name="list")
 @click.option("--template", default=None, help="Only entries of this template.")
 @cache_dir_option
 @json_option
 @guarded
 def list_entries(template, cache_dir, as_json):
-    """List cache entries in every layer (read-only layers first)."""
-    rows = [_summary(e) for e in _good(store_for(cache_dir)) if template in (None, e.meta["template"])]
+    """List cache entries in every layer (read-only layers first), each ok or stale (built from
+    template sources other than the installed ones), then the copies that fail verification."""
+    store = store_for(cache_dir)
+    rows = [{**_summary(e), "status": _status(e)} for e in _good(store) if template in (None, e.meta["template"])]
+    bad = [{"path": str(item[0]), "status": "bad", "reason": item[1]} for item in store.entries()
+           if not isinstance(item, Entry)] if template is None else []
     if as_json:
-        emit_json(rows)
+        emit_json(rows + bad)
         return
     for r in rows:
         spec = " ".join(f"{k}={v}" for k, v in r["spec"].items() if k != "arch")
+        status = "" if r["status"] == "ok" else f"  {r['status'].upper()}"
         click.echo(f"{r['key'][:16]}  {r['template']:9} {spec:40} {human_bytes(r['bytes']):>9}  "
-                   f"v{r['vgpr']}/a{r['agpr']}/s{r['sgpr']} lds {r['lds']}  {r['layer']}")
-    click.echo(f"{len(rows)} entries")
+                   f"v{r['vgpr']}/a{r['agpr']}/s{r['sgpr']} lds {r['lds']}  {r['layer']}{status}")
+    for r in bad:
+        click.echo(f"BAD {r['path']}: {r['reason']}")
+    click.echo(f"{len(rows)} entries" + (f", {len(bad)} bad copies" if bad else ""))
 
 
 def _find(store: Store, prefix: str) -> Entry:
