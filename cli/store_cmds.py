@@ -56,23 +56,20 @@ def _status(entry: Entry) -> str:
 @json_option
 @guarded
 def list_entries(template, cache_dir, as_json):
-    """List cache entries in every layer (read-only layers first), each ok or stale (built from
-    template sources other than the installed ones), then the copies that fail verification."""
-    store = store_for(cache_dir)
-    rows = [{**_summary(e), "status": _status(e)} for e in _good(store) if template in (None, e.meta["template"])]
-    bad = [{"path": str(item[0]), "status": "bad", "reason": item[1]} for item in store.entries()
-           if not isinstance(item, Entry)] if template is None else []
+    """List the cache entries served from every layer (read-only layers first), each "ok" or
+    "stale" (built from template sources other than the installed ones); `verify` shows the
+    copies that fail verification."""
+    rows = [{**_summary(e), "status": _status(e)} for e in _good(store_for(cache_dir))
+            if template in (None, e.meta["template"])]
     if as_json:
-        emit_json(rows + bad)
+        emit_json(rows)
         return
     for r in rows:
         spec = " ".join(f"{k}={v}" for k, v in r["spec"].items() if k != "arch")
         status = "" if r["status"] == "ok" else f"  {r['status'].upper()}"
         click.echo(f"{r['key'][:16]}  {r['template']:9} {spec:40} {human_bytes(r['bytes']):>9}  "
                    f"v{r['vgpr']}/a{r['agpr']}/s{r['sgpr']} lds {r['lds']}  {r['layer']}{status}")
-    for r in bad:
-        click.echo(f"BAD {r['path']}: {r['reason']}")
-    click.echo(f"{len(rows)} entries" + (f", {len(bad)} bad copies" if bad else ""))
+    click.echo(f"{len(rows)} entries")
 
 
 def _find(store: Store, prefix: str) -> Entry:

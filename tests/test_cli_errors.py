@@ -74,20 +74,14 @@ def test_prebuild_off_a_terminal_logs_one_line_per_job(warm_cache):
     assert lines[-1].startswith("[3/3] hit "), out
 
 
-def test_list_shows_stale_and_bad_entries_as_such(warm_cache, monkeypatch):
+def test_list_shows_stale_entries_as_such(warm_cache, monkeypatch):
     from mono_jit.templates import get
 
-    hsaco = next(p for p in warm_cache.rglob("kernel.hsaco") if "keytable" in (p.parent / "meta.json").read_text())
-    data = bytearray(hsaco.read_bytes())
-    data[-1] ^= 0xFF
-    hsaco.write_bytes(bytes(data))  # one keytable copy fails verification
     router = get("router")
     monkeypatch.setattr(type(router), "source_digest", lambda self, *a: "0" * 64)  # router's sources changed
     code, out = invoke("list", "--json", "--cache-dir", str(warm_cache))
     assert code == 0, out
-    rows = json.loads(out)
-    status = sorted((r.get("template", "-"), r["status"]) for r in rows)
-    assert status == [("-", "bad"), ("keytable", "ok"), ("router", "stale")], status
-    assert "sha256" in next(r for r in rows if r["status"] == "bad")["reason"]
+    status = sorted((r["template"], r["status"]) for r in json.loads(out))
+    assert status == [("keytable", "ok"), ("keytable", "ok"), ("router", "stale")], status
     code, text = invoke("list", "--cache-dir", str(warm_cache))
-    assert "STALE" in text and "BAD " in text and "2 entries, 1 bad copies" in text, text
+    assert text.count("STALE") == 1 and "3 entries" in text, text
