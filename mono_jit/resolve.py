@@ -171,13 +171,7 @@ def _disk_error(exc: OSError, settings: Settings | None) -> MonoJitError:
 def resolve(template: str | Template, spec: Spec, *, settings: Settings | None = None,
             store: Store | None = None) -> Resolved:
     """Verified bytes and metadata of one template at one spec (a hit loads, a miss compiles)."""
-    if capturing():
-        raise _capture_error(f"{template if isinstance(template, str) else template.name}, {spec.label()}")
-    try:
-        session = _Session(settings, store)
-        return session.resolve(get(template) if isinstance(template, str) else template, spec)
-    except OSError as exc:
-        raise _disk_error(exc, settings) from None
+    return resolve_many([(template, spec)], settings=settings, store=store)[0]
 
 
 def resolve_many(pairs: Iterable[tuple[str | Template, Spec]], *, settings: Settings | None = None,
