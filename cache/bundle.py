@@ -30,7 +30,7 @@ from typing import BinaryIO, Iterator
 from mono_jit.errors import BundleError
 from mono_jit.spec import SUPPORTED_ARCHS
 
-from .fs import disk_problem, make_dirs, read_regular, write_new_stream
+from .fs import disk_problem, make_dirs, read_regular, remove, write_new_stream
 from .store import (HSACO_CAP, HSACO_NAME, META_CAP, META_NAME, CorruptEntry, Entry, Store, unique_suffix,
                     verify_entry)
 
@@ -310,7 +310,7 @@ def import_bundle(store: Store, bundle: Path, expected_sha256: str | None = None
             _check_sha256(hashed, expected_sha256)
         return _publish(store, staging, _staged_entries(files))
     finally:
-        _remove_tree(staging)
+        remove(staging)
 
 
 def _open_regular(bundle: Path) -> BinaryIO:
@@ -352,7 +352,3 @@ def _publish(store: Store, staging: Path, entries: list[tuple[str, str]]) -> dic
     return {"imported": imported, "present": present}
 
 
-def _remove_tree(path: Path) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)

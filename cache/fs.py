@@ -124,3 +124,19 @@ def disk_problem(exc: OSError, doing: str, where: Path) -> str:
     reason = exc.strerror or str(exc) or type(exc).__name__
     advice = _DISK_ADVICE.get(exc.errno, "check that path and the disk")
     return f"{doing}: {path}: {reason}; {advice}"
+
+
+def remove(path: Path) -> None:
+    """Delete a folder tree, or the file or link in a folder's place, never following a link
+    (rmtree does not follow links inside the tree); nothing when it is already gone."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        import shutil  # only a removal needs it (the hit path imports fs)
+
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        Path(path).unlink(missing_ok=True)
+

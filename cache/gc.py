@@ -6,12 +6,12 @@ and of toolchain records, and quarantined entries beyond the newest few (kept fo
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .fs import remove
 from .store import Entry, Store, last_used
 
 LEFTOVER_SECONDS = 3600.0  # nothing the cache writes stays a temp file or folder this long
@@ -56,7 +56,7 @@ def collect(store: Store, *, max_bytes: int | None, older_than: float | None, dr
         report.leftovers.append(str(path))
         report.leftover_bytes += _tree_bytes(path)
         if not dry_run:
-            _remove(path)
+            remove(path)
     return report
 
 
@@ -113,10 +113,3 @@ def _file_bytes(path: Path) -> int:
     return st.st_size if stat.S_ISREG(st.st_mode) else 0
 
 
-def _remove(path: Path) -> None:
-    """Delete a leftover: a folder tree (rmtree never follows a symlink inside), else the file
-    or symlink itself."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)

@@ -32,7 +32,7 @@ from mono_jit.errors import InvalidCodeObject, MonoJitError, UntrustedRoot
 from mono_jit.hsaco import MACH_BY_ARCH, check_header
 
 from .digest import sha256
-from .fs import UnsafeFile, make_dirs, read_regular, write_new
+from .fs import UnsafeFile, make_dirs, read_regular, remove, write_new
 from .key import cache_key, canonical_json
 from .schema import meta_problem
 from .trust import check_root, examine, make_private_root
@@ -69,14 +69,9 @@ def _warn_once(message: str) -> None:
 
 
 def _rmtree(path: Path) -> None:
-    """Delete a folder tree, or the link or file planted in a folder's place (never followed)."""
-    import shutil
-
+    """fs.remove, for removals that may fail quietly (a leftover gc collects later)."""
     try:
-        if stat.S_ISDIR(os.lstat(path).st_mode):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            os.unlink(path)
+        remove(path)
     except OSError:
         pass
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from mono_jit.cache.digest import sha256
-from mono_jit.cache.fs import make_dirs, read_regular, write_new
+from mono_jit.cache.fs import make_dirs, read_regular, remove, write_new
 from mono_jit.cache.store import unique_suffix
 
 from .config import Settings
@@ -310,7 +310,7 @@ def stage_root(base: Path, linker: Linker, bitcode: Path) -> Path:
         try:
             _publish_root(tmp, root, linker, bitcode)
         finally:
-            _remove(tmp)
+            remove(tmp)
     if not _is_rocm_root(root, linker, bitcode):
         raise ToolchainError(f"could not stage a toolchain root at {root}: remove it and retry")
     return root
@@ -345,17 +345,9 @@ def _publish_root(tmp: Path, root: Path, linker: Linker, bitcode: Path) -> None:
         os.rename(tmp, root)
     except OSError:
         pass  # a racing repairer published its copy first
-    _remove(aside)
+    remove(aside)
 
 
-def _remove(path: Path) -> None:
-    """Delete a file, symlink or folder tree if it is there (never following a symlink)."""
-    if path.is_symlink() or path.is_file():
-        path.unlink(missing_ok=True)
-    elif path.is_dir():
-        import shutil  # only a staging or repair removes anything
-
-        shutil.rmtree(path, ignore_errors=True)
 
 
 _resolved: dict[tuple, Toolchain] = {}
