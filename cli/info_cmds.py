@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import click
@@ -26,11 +27,17 @@ def doctor(deep, cache_dir, as_json):
     settings = settings_for(cache_dir)
     checks = Checks()
 
+    @functools.cache
+    def walk() -> tuple[Store, list]:
+        """The store and every layer's copies, verified once for both checks that read them."""
+        store = Store(settings)
+        return store, list(store.entries())
+
     def toolchain():
         if importlib.util.find_spec("flydsl") is None:  # a lean serving host, by design
             return "none here (no FlyDSL): this host serves hits only; pip install 'mono-jit[build]' to compile"
         tc = resolve_toolchain(settings)
-        entries = [e for e in Store(settings).entries() if isinstance(e, Entry)]
+        entries = [e for e in walk()[1] if isinstance(e, Entry)]
         matching = sum(e.meta["factors"]["toolchain"] == tc.fingerprint for e in entries)
         if entries and not matching:
             raise MonoJitError(f"none of the {len(entries)} cache entries was built by this toolchain "
@@ -40,8 +47,7 @@ def doctor(deep, cache_dir, as_json):
                 "entries_built_by_it": matching}
 
     def cache():
-        store = Store(settings)
-        items = list(store.entries())
+        store, items = walk()
         bad = [str(item[0]) for item in items if not isinstance(item, Entry)]
         if bad:
             raise MonoJitError(f"{len(bad)} bad entries: {', '.join(bad[:3])}")
