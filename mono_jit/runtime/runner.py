@@ -129,6 +129,7 @@ class MonoRunner:
         self.templates = tuple(templates)
         self.kernels: dict[GridEntry, Kernel] = {}
         self.buffers: dict[GridEntry, dict[str, torch.Tensor]] = {}
+        self._launches: dict[tuple[str, int, int], GridEntry] = {}
         why = ""
         try:
             self.backend = backend or make_backend(self.settings.backend)
@@ -137,6 +138,7 @@ class MonoRunner:
             with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
                 self.kernels = load_grid(grid, self.backend, self.settings)
             self._allocate()
+            self._launches = self._index()
         except CaptureError:
             raise
         except Exception as exc:  # whatever failed, every rank must still reach the agreement
@@ -147,7 +149,7 @@ class MonoRunner:
                      self.backend.name)
         else:
             log.warning("mono-jit: every rank keeps vLLM's original path (%s)", self.declined)
-            self.kernels, self.buffers = {}, {}
+            self.kernels, self.buffers, self._launches = {}, {}, {}
 
     # -- state -------------------------------------------------------------------------
     def _allocate(self) -> None:
@@ -168,13 +170,23 @@ class MonoRunner:
                           "qr_out": empty(rows, Q_LORA, dtype=bf16), "q_out": empty(rows, heads, HEAD_DIM, dtype=bf16)}
         self.unread = {"bfloat16": empty(0, dtype=bf16), "float32": empty(0)}
 
+    def _index(self) -> dict[tuple[str, int, int], GridEntry]:
+        """(template, rows, ratio) -> the grid entry a step of that many rows launches, for every
+        row count up to the widest bucket: made once, so a step only looks it up."""
+        index = {}
+        for entry in self.kernels:
+            reads_ratio = "ratio" in get(entry.template).spec_fields
+            for ratio in (entry.spec.ratio,) if reads_ratio else (model.CSA_RATIO, model.HCA_RATIO):
+                for rows in range(1, entry.bucket + 1):
+                    if bucket_for(rows, self.buckets) == entry.bucket:
+                        index[(entry.template, rows, ratio)] = entry
+        return index
+
     def _entry(self, template: str, rows: int, ratio: int = model.CSA_RATIO) -> GridEntry:
-        bucket = bucket_for(rows, self.buckets)
-        for build in self.kernels:
-            if build.template == template and build.bucket == bucket and \
-                    (build.spec.ratio == ratio or "ratio" not in get(template).spec_fields):
-                return build
-        raise KeyError(f"{template} for {rows} rows, ratio {ratio}: not in this runner's grid")
+        try:
+            return self._launches[(template, rows, ratio)]
+        except KeyError:
+            raise KeyError(f"{template} for {rows} rows, ratio {ratio}: not in this runner's grid") from None
 
     # -- the layer -------------------------------------------------------------------------
     def forward(self, w: MonoLayerWeights, x: torch.Tensor, residual: torch.Tensor, post_mix: torch.Tensor,
