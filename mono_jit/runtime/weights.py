@@ -20,11 +20,12 @@ from typing import Any
 import torch
 
 from .. import model
+from ..templates.k1.layout import HEAD_DIM, KV_LORA, MIXES, Q_LORA
+from ..templates.k1.layout import MX_BLOCK as MX  # a 32 x 32 scale block, as vLLM's _mx_scales makes them
+from ..templates.k1.layout import WEIGHT_BLOCK as CHECKPOINT_BLOCK
+from ..templates.k2.layout import O_LORA
 
-Q_LORA, KV_LORA, HEAD_DIM, O_LORA, HC_MIXES = 1536, 512, 512, 1024, 24
 SHARED_INTERMEDIATE = 3072
-MX = 32  # a 32 x 32 scale block
-CHECKPOINT_BLOCK = 128
 
 
 class WeightError(ValueError):
@@ -179,8 +180,8 @@ class MonoLayerWeights:
             ("sw2", (h, w.shared_inter), e4m3), ("sw2_s", (h // MX, w.shared_inter // MX), u8),
         ]
         for seam in ("attn", "ffn"):
-            table += [(f"hc_{seam}_fn", (HC_MIXES, 4 * h), f32), (f"hc_{seam}_scale", (3,), f32),
-                      (f"hc_{seam}_base", (HC_MIXES,), f32), (f"{seam}_norm", (h,), bf16)]
+            table += [(f"hc_{seam}_fn", (MIXES, 4 * h), f32), (f"hc_{seam}_scale", (3,), f32),
+                      (f"hc_{seam}_base", (MIXES,), f32), (f"{seam}_norm", (h,), bf16)]
         if self.bias is not None:
             table.append(("bias", (e,), f32))
         for name, shape, dtype in table:

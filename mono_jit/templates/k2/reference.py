@@ -19,8 +19,7 @@ from ... import model
 from ..k1 import reference as k1
 from ..k1.layout import HEAD_DIM, KV_RECORD, MX_BLOCK, NOPE, WEIGHT_BLOCK
 from ..keytable.reference import key_table
-
-O_LORA = 1024  # wo_a's outputs a group
+from .layout import O_LORA
 LOG2E = math.log2(math.e)  # natural logits to base 2: the softmax runs on exp2
 SCALE = HEAD_DIM ** -0.5  # vllm/models/deepseek_v4/attention.py:244 (self.scale)
 
