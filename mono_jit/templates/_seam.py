@@ -1,0 +1,143 @@
+"""The mHC seam as device code (FlyDSL; kernel modules only), one implementation for both
+launches: K1 runs it with hc_attn_* and attn_norm on the previous FFN output, K2 with hc_ffn_*
+and ffn_norm on the all-reduced attention output (reference: k1/reference.py fold, seam_gate,
+collapse, rms_norm, mxfp8_quantize; k2/reference.py ffn_seam).
+
+Two halves, as K1's S1 / S2 tables split them (k1/layout.py):
+  fold_row   one row of a (row group, 128-column chunk) task: 512 threads = 4 streams x 128
+             columns; the fold of x into R with post / comb, R stored, and the chunk's 25 partial
+             sums (24 mixes and the sum of squares) into the f32 scratch;
+  seam_row   one row: the 56 partials summed in a fixed order, the gate (sigmoid, softmax +
+             Sinkhorn in wave 0), the collapse, the RMS norm and the MXFP8 of the normed row.
+"""
+
+import operator
+
+import flydsl.expr as fx
+from flydsl.expr import gpu, range_constexpr
+
+from .. import model
+from ._dsl import butterfly, dsl, flat_view, load, load_global, load_scalar, store, store_scalar, wave_sum
+from ._numerics import LOG2E, VEC, bf16_round, bf16x8, block_sum, mx_store, rsqrt, sigmoid
+from .k1.layout import EPS, MIXES, PARTIALS, SEAM_CHUNKS, STREAMS, THREADS, WAVES
+from .k1.reference import HC_POST_ALPHA, SINKHORN_ROUNDS
+
+H = model.HIDDEN
+ROW_CHUNKS = H // VEC  # 896
+_ROW, _COLUMN = range(2), range(2, 4)  # lane bits of j and i when lane e = 4 i + j
+
+
+def mix_weights(HcFn, stream, col):
+    """The 24 hc_fn weights of this thread's (stream, column): kept in registers across the
+    rows of a task, so hc_fn is read once per row group."""
+    fn_view = flat_view(HcFn)
+    return [load_scalar(fn_view, k * STREAMS * H + stream * H + col, fx.Float32) for k in range_constexpr(MIXES)]
+
+
+@dsl
+def fold_row(Residual, PostMix, ResMix, ROut, x_at, do_fold, fn, red, f32, partials_at, row, col, stream, tid,
+             wave, lane):
+    """Row `row`, column `col` of this thread's stream: R' = bf16(post x + comb^T R) (or R as it
+    is when do_fold is 0), stored to ROut; the chunk's 25 partials of the row at `partials_at`.
+
+    `x_at(row)` gives this thread's f32 x (called only when folding: layer 0 reads no x)."""
+    res_view = flat_view(Residual)
+    streams = [load_scalar(res_view, (row * STREAMS + i) * H + col, fx.BFloat16).to(fx.Float32)
+               for i in range_constexpr(STREAMS)]
+    value = fx.Float32(0.0)  # this thread's stream, picked from the four it reads
+    for i in range_constexpr(STREAMS):
+        value = (stream == i).select(streams[i], value)
+    if do_fold != 0:  # layer 0 passes x in post_mix / res_mix: read them only here
+        folded = load_global(PostMix, row * STREAMS + stream) * x_at(row)
+        for i in range_constexpr(STREAMS):
+            folded = folded + load_global(ResMix, row * 16 + i * STREAMS + stream) * streams[i]
+        value = folded
+    value = bf16_round(value)
+    gpu.barrier()  # all streams of the row are read before any is written (r_out may alias)
+    store_scalar(flat_view(ROut), (row * STREAMS + stream) * H + col, value.to(fx.BFloat16), fx.BFloat16)
+    parts = [value * fn[k] for k in range_constexpr(MIXES)] + [value * value]
+    for k in range_constexpr(PARTIALS):
+        total = wave_sum(parts[k])
+        if lane == 0:
+            fx.memref_store(total, red, k * WAVES + wave)
+    gpu.barrier()
+    if tid < PARTIALS:
+        total = fx.memref_load(red, tid * WAVES)
+        for w in range_constexpr(1, WAVES):
+            total = total + fx.memref_load(red, tid * WAVES + w)
+        store_scalar(f32, partials_at + tid, total, fx.Float32)
+    gpu.barrier()
+
+
+@dsl
+def seam_row(f32, partials_at, gate, red, HcBase, HcScale, PostOut, CombOut, ROut, Norm, XNorm, u8x8, u8,
+             codes_at, scales_at, row, tid, wave, lane):
+    """Row `row`'s gate from its 56 x 25 partials at `partials_at`, then the collapse, the norm
+    (weight `Norm`) to XNorm and its MXFP8 (codes at `codes_at`, E8M0 at `scales_at`)."""
+    if tid < PARTIALS:
+        total = fx.Float32(0.0)
+        for c in range_constexpr(SEAM_CHUNKS):
+            total = total + load_scalar(f32, partials_at + c * PARTIALS + tid, fx.Float32)
+        fx.memref_store(total, gate, tid)
+    gpu.barrier()
+    if wave == 0:
+        seam_gate(gate, HcBase, HcScale, PostOut, CombOut, row, lane)
+    gpu.barrier()
+    pre = [fx.memref_load(gate, i) for i in range_constexpr(STREAMS)]
+    collapse_norm_quant(ROut, Norm, XNorm, pre, red, u8x8, u8, codes_at, scales_at, row, tid, wave, lane)
+
+
+@dsl
+def seam_gate(gate, HcBase, HcScale, PostOut, CombOut, row, lane):
+    """Wave 0: mixes -> pre (into gate[0:4]), post and the Sinkhorn comb (stored).
+
+    Lane e = 4 i + j (of every 16) holds comb[i, j]: a row sum is a butterfly over lane bits
+    0-1, a column sum over bits 2-3, so each of the 39 normalisations is two shuffles and a
+    division per lane instead of sixteen serial divisions.
+    """
+    e = lane % 16
+    inv = rsqrt(fx.memref_load(gate, MIXES) / float(STREAMS * H) + EPS)
+    s0, s1, s2 = (load_global(HcScale, i) for i in range_constexpr(3))
+    own = lane % STREAMS
+    pre = sigmoid(fx.memref_load(gate, own) * inv * s0 + load_global(HcBase, own)) + EPS
+    post = sigmoid(fx.memref_load(gate, STREAMS + own) * inv * s1 + load_global(HcBase, STREAMS + own)) * \
+        HC_POST_ALPHA
+    logit = fx.memref_load(gate, 8 + e) * inv * s2 + load_global(HcBase, 8 + e)
+    weight = ((logit - butterfly(logit, fx.max, _ROW)) * LOG2E).exp2()
+    comb = weight / butterfly(weight, operator.add, _ROW) + EPS
+    comb = comb / (butterfly(comb, operator.add, _COLUMN) + EPS)
+    for _ in range_constexpr(SINKHORN_ROUNDS - 1):
+        comb = comb / (butterfly(comb, operator.add, _ROW) + EPS)
+        comb = comb / (butterfly(comb, operator.add, _COLUMN) + EPS)
+    if lane < STREAMS:
+        fx.memref_store(pre, gate, lane)
+        store_scalar(flat_view(PostOut), row * STREAMS + lane, post, fx.Float32)
+    if lane < 16:
+        store_scalar(flat_view(CombOut), row * 16 + lane, comb, fx.Float32)
+
+
+@dsl
+def collapse_norm_quant(ROut, Norm, XNorm, pre, red, u8x8, u8, codes_at, scales_at, row, tid, wave, lane):
+    """x_norm = RMSNorm(bf16(sum_i pre_i R_i)) with `Norm`; its MXFP8 into the byte scratch."""
+    r8, out8 = flat_view(ROut, VEC), flat_view(XNorm, VEC)
+    passes = []
+    sq = fx.Float32(0.0)
+    for p in range_constexpr(2):
+        chunk = tid + p * THREADS
+        valid = chunk < ROW_CHUNKS
+        at = valid.select(chunk, 0)
+        mixed = [fx.Float32(0.0)] * VEC
+        for i in range_constexpr(STREAMS):
+            r = load(r8, (row * STREAMS + i) * ROW_CHUNKS + at, fx.BFloat16, VEC).to(fx.Float32)
+            mixed = [mixed[e] + pre[i] * r[e] for e in range_constexpr(VEC)]
+        mixed = [valid.select(bf16_round(v), 0.0) for v in mixed]
+        for v in mixed:
+            sq = sq + v * v
+        passes.append((chunk, valid, at, mixed))
+    inv = rsqrt(block_sum(sq, red, 0, wave, lane) / float(H) + EPS)
+    for chunk, valid, at, mixed in passes:
+        w = load_global(Norm, at * VEC, VEC).to(fx.Float32)
+        y = [bf16_round(mixed[e] * inv * w[e]) for e in range_constexpr(VEC)]
+        if valid:
+            store(out8, row * ROW_CHUNKS + at, bf16x8(y), fx.BFloat16, VEC)
+        mx_store(y, u8x8, u8, codes_at, scales_at, at, valid)
