@@ -75,13 +75,14 @@ def test_sync_words_regions_and_waits_fit(lay):
              (lay.f_norm, lay.s8_tasks)]
     _disjoint_and_within(flags, FIRST_FLAG, lay.sync_words)
     f32 = [(lay.attn_ml, lay.s2_tasks * 2 * HEAD_TILE), (lay.attn_acc, lay.s2_tasks * HEAD_TILE * 512),
-           (lay.woa_raw, WOA_PARTS * lay.rows * lay.o_width)]
+           (lay.woa_raw, WOA_PARTS * lay.rows * lay.o_width), (lay.partials, lay.rows * 56 * 25)]
     _disjoint_and_within(f32, 0, lay.f32_words)
+    _disjoint_and_within([(lay.key_slots, lay.rows * lay.keys), (lay.key_counts, 2 * lay.rows)], 0, lay.i32_words)
     rows = lay.operand_rows
-    u8 = [(lay.key_slots, 4 * lay.rows * lay.keys), (lay.key_counts, 8 * lay.rows),
-          (lay.xo_codes, rows * lay.heads * 512), (lay.xo_scales, rows * lay.heads * 16),
+    u8 = [(lay.xo_codes, rows * lay.heads * 512), (lay.xo_scales, rows * lay.heads * 16),
           (lay.z_codes, rows * lay.o_width), (lay.z_scales, rows * lay.o_width // 32),
-          (lay.partial, 2 * lay.rows * model.HIDDEN)]
+          (lay.partial, 2 * lay.rows * model.HIDDEN), (lay.ffn_codes, rows * model.HIDDEN),
+          (lay.ffn_scales, rows * model.HIDDEN // 32)]
     _disjoint_and_within(u8, 0, lay.bytes)
     for cta in (0, 1, CTAS - 1):
         for step in lay.program(cta, lay.rows, 0):

@@ -18,8 +18,9 @@ compiles and loads nothing, so it is safe inside a graph capture; the constructi
 CaptureError if it ever runs inside one.
 
 The layer is K1, then vLLM's `select` (the compressor and, on CSA layers, the indexer, from
-K1's normed input and qr), then K2. K2 is not built yet: a runner whose grid needs it declines
-(its template is not registered), so `--monokernel` falls back on every rank today. A runner
+K1's normed input and qr), then K2. K2's part one is built but not its MoE (part two), so K2
+cannot finish a layer: a runner whose grid needs it declines at construction, before it loads
+or runs anything (Template.serves), and `--monokernel` falls back on every rank today. A runner
 built with `templates=("k1",)` runs K1 and `select` and then declines, so vLLM's path computes
 the layer: that is how the front half is tested end to end through vLLM's own hook.
 """
@@ -50,6 +51,10 @@ BLOCKS = 256  # CTAs of a persistent launch: every one resident, one per CU (vLL
 MAX_TOKENS = model.MAX_DECODE_TOKENS
 H, STREAMS, Q_LORA, HEAD_DIM = model.HIDDEN, 4, 1536, 512
 RECORD = 584
+
+
+class NotServable(Exception):
+    """A template of the runner's grid cannot finish a layer yet (Template.serves)."""
 
 
 class _Declined(tuple):
@@ -132,6 +137,9 @@ class MonoRunner:
         self._launches: dict[tuple[str, int, int], GridEntry] = {}
         why = ""
         try:
+            for name in self.templates:
+                if not get(name).serves:
+                    raise NotServable(f"template {name!r}: {get(name).not_serving}")
             self.backend = backend or make_backend(self.settings.backend)
             grid = layer_grid(tp, max_topk or model.CSA_INDEX_TOPK, self.templates, self.buckets)
             # HIP loads a module for the calling thread's current device: make it the runner's

@@ -128,3 +128,26 @@ def load_global(tensor, index, count: int = 1):
     which keeps kernels with many arguments clear of SGPR spills.
     """
     return fx.generic_load(fx.get_iter(tensor) + index, count=None if count == 1 else count)
+
+
+def typed_view(pointer, dtype, count, vector: int = 1):
+    """A buffer-resource view of `count` elements of `dtype` from `pointer` (an address from a
+    table, or a region of a work buffer), in chunks of `vector`: bounded by exactly those
+    elements, as flat_view bounds a whole tensor. `pointer`'s alignment must be a multiple of
+    the element size (a region of an f32 buffer serves f32, i32, bf16 and byte views)."""
+    view = fx.make_view(fx.recast_iter(dtype, pointer), fx.make_layout(count, 1))
+    resource = fx.rocdl.make_buffer_tensor(view, num_records_bytes=count * dtype.width // 8)
+    return fx.logical_divide(resource, fx.make_layout(vector, 1))
+
+
+def table_pointer(table, index, like):
+    """Entry `index` of an int64 address table as a pointer of `like`'s type (a tensor argument
+    of the same element type and alignment): for arguments read in one stage only, whose
+    pointers would otherwise hold SGPRs across the whole persistent kernel."""
+    return fx.inttoptr(fx.get_iter(like).type, load_global(table, index))
+
+
+def pointer_load(pointer, index, count: int = 1):
+    """`count` elements at `pointer` + index through a plain global load (load_global's form
+    for a pointer that is not a tensor argument)."""
+    return fx.generic_load(pointer + index, count=None if count == 1 else count)

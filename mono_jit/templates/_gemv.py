@@ -12,7 +12,7 @@ import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl.expr import gpu, range_constexpr
 
-from ._dsl import WAVE, dsl, flat_view, load, load_global, load_scalar, store_scalar
+from ._dsl import WAVE, dsl, load, load_scalar, pointer_load, store_scalar
 from .k1 import addressing as ad
 from .k1.layout import THREADS, TILE_N, WAVES
 
@@ -33,10 +33,11 @@ def operand(view16, lo, hi):
 class Fp8Weight:
     """An e4m3 weight [N, K] with E8M0 codes per 128 x 128 block, as vLLM may hold it: row-major
     with a row stride in bytes (rows padded by VLLM_ROCM_FP8_PADDING), or AITER's (16, 16)
-    preshuffle, [N/16][K/32][2][16 rows][16 bytes] (aiter/ops/shuffle.py, shuffle_weight)."""
+    preshuffle, [N/16][K/32][2][16 rows][16 bytes] (aiter/ops/shuffle.py, shuffle_weight).
+    `view` is a 16-byte-chunk view of its bytes, `scales` a pointer to its codes."""
 
-    def __init__(self, tensor, scales, k: int, stride, shuffled):
-        self.view, self.scales, self.k = flat_view(tensor, 16), scales, k
+    def __init__(self, view, scales, k: int, stride, shuffled):
+        self.view, self.scales, self.k = view, scales, k
         self.stride, self.shuffled = stride, shuffled != 0
 
     def _offset(self, row, k0):
@@ -47,7 +48,7 @@ class Fp8Weight:
         return operand(self.view, self._offset(row, pieces[0]), self._offset(row, pieces[1]))
 
     def scale(self, row, step):
-        return load_global(self.scales, ad.block_scale_index(row, step, self.k)).to(fx.Int32)
+        return pointer_load(self.scales, ad.block_scale_index(row, step, self.k)).to(fx.Int32)
 
 
 class Mxfp8Rows:

@@ -10,7 +10,7 @@ import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl.expr import gpu, range_constexpr
 
-from ._dsl import butterfly, dsl, f32_bits, f32_from_bits, load, load_global, store, store_scalar, wave_sum
+from ._dsl import butterfly, dsl, f32_bits, f32_from_bits, load, pointer_load, store, store_scalar, wave_sum
 from .k1.layout import MX_BLOCK, ROPE, WAVES
 from .k1.reference import E4M3_MAX
 
@@ -118,13 +118,14 @@ def mx_store(values, u8x8, u8, codes_at, scales_at, chunk, valid):
 
 
 def rope8(values, rope, position, pair0, inverse: bool = False):
-    """GPT-J RoPE on 8 values = 4 pairs from pair index pair0 (a [P, 64] cos | sin table): e' =
+    """GPT-J RoPE on 8 values = 4 pairs from pair index pair0 (`rope` points to a [P, 64] f32
+    cos | sin table): e' =
     e cos - o sin, o' = o cos + e sin; `inverse` rotates back (the sine negated, as vLLM's
     _inverse_rope_gptj_kernel)."""
     out = list(values)
     for p in range_constexpr(VEC // 2):
-        cos = load_global(rope, position * ROPE + pair0 + p)
-        sin = load_global(rope, position * ROPE + ROPE // 2 + pair0 + p)
+        cos = pointer_load(rope, position * ROPE + pair0 + p)
+        sin = pointer_load(rope, position * ROPE + ROPE // 2 + pair0 + p)
         if inverse:
             sin = -sin
         even, odd = values[2 * p], values[2 * p + 1]

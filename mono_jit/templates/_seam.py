@@ -17,7 +17,7 @@ import flydsl.expr as fx
 from flydsl.expr import gpu, range_constexpr
 
 from .. import model
-from ._dsl import butterfly, dsl, flat_view, load, load_global, load_scalar, store, store_scalar, wave_sum
+from ._dsl import butterfly, dsl, load, load_scalar, pointer_load, store, store_scalar, wave_sum
 from ._numerics import LOG2E, VEC, bf16_round, bf16x8, block_sum, mx_store, rsqrt, sigmoid
 from .k1.layout import EPS, MIXES, PARTIALS, SEAM_CHUNKS, STREAMS, THREADS, WAVES
 from .k1.reference import HC_POST_ALPHA, SINKHORN_ROUNDS
@@ -27,34 +27,34 @@ ROW_CHUNKS = H // VEC  # 896
 _ROW, _COLUMN = range(2), range(2, 4)  # lane bits of j and i when lane e = 4 i + j
 
 
-def mix_weights(HcFn, stream, col):
-    """The 24 hc_fn weights of this thread's (stream, column): kept in registers across the
-    rows of a task, so hc_fn is read once per row group."""
-    fn_view = flat_view(HcFn)
+def mix_weights(fn_view, stream, col):
+    """The 24 hc_fn weights (from a view of the [24, 4 x 7168] f32 table) of this thread's
+    (stream, column): kept in registers across the rows of a task, so hc_fn is read once per
+    row group."""
     return [load_scalar(fn_view, k * STREAMS * H + stream * H + col, fx.Float32) for k in range_constexpr(MIXES)]
 
 
 @dsl
-def fold_row(Residual, PostMix, ResMix, ROut, x_at, do_fold, fn, red, f32, partials_at, row, col, stream, tid,
+def fold_row(residual, post_mix, res_mix, r_out, x_at, do_fold, fn, red, f32, partials_at, row, col, stream, tid,
              wave, lane):
     """Row `row`, column `col` of this thread's stream: R' = bf16(post x + comb^T R) (or R as it
-    is when do_fold is 0), stored to ROut; the chunk's 25 partials of the row at `partials_at`.
+    is when do_fold is 0), stored to r_out; the chunk's 25 partials of the row at `partials_at`.
+    residual / r_out are bf16 views [rows, 4, 7168]; post_mix / res_mix f32 pointers.
 
     `x_at(row)` gives this thread's f32 x (called only when folding: layer 0 reads no x)."""
-    res_view = flat_view(Residual)
-    streams = [load_scalar(res_view, (row * STREAMS + i) * H + col, fx.BFloat16).to(fx.Float32)
+    streams = [load_scalar(residual, (row * STREAMS + i) * H + col, fx.BFloat16).to(fx.Float32)
                for i in range_constexpr(STREAMS)]
     value = fx.Float32(0.0)  # this thread's stream, picked from the four it reads
     for i in range_constexpr(STREAMS):
         value = (stream == i).select(streams[i], value)
     if do_fold != 0:  # layer 0 passes x in post_mix / res_mix: read them only here
-        folded = load_global(PostMix, row * STREAMS + stream) * x_at(row)
+        folded = pointer_load(post_mix, row * STREAMS + stream) * x_at(row)
         for i in range_constexpr(STREAMS):
-            folded = folded + load_global(ResMix, row * 16 + i * STREAMS + stream) * streams[i]
+            folded = folded + pointer_load(res_mix, row * 16 + i * STREAMS + stream) * streams[i]
         value = folded
     value = bf16_round(value)
     gpu.barrier()  # all streams of the row are read before any is written (r_out may alias)
-    store_scalar(flat_view(ROut), (row * STREAMS + stream) * H + col, value.to(fx.BFloat16), fx.BFloat16)
+    store_scalar(r_out, (row * STREAMS + stream) * H + col, value.to(fx.BFloat16), fx.BFloat16)
     parts = [value * fn[k] for k in range_constexpr(MIXES)] + [value * value]
     for k in range_constexpr(PARTIALS):
         total = wave_sum(parts[k])
@@ -70,10 +70,12 @@ def fold_row(Residual, PostMix, ResMix, ROut, x_at, do_fold, fn, red, f32, parti
 
 
 @dsl
-def seam_row(f32, partials_at, gate, red, HcBase, HcScale, PostOut, CombOut, ROut, Norm, XNorm, u8x8, u8,
+def seam_row(f32, partials_at, gate, red, hc_base, hc_scale, post_out, comb_out, r_out8, norm, x_norm8, u8x8, u8,
              codes_at, scales_at, row, tid, wave, lane):
     """Row `row`'s gate from its 56 x 25 partials at `partials_at`, then the collapse, the norm
-    (weight `Norm`) to XNorm and its MXFP8 (codes at `codes_at`, E8M0 at `scales_at`)."""
+    (bf16 weight at pointer `norm`) to x_norm8 and its MXFP8 (codes at `codes_at`, E8M0 at
+    `scales_at`); hc_base / hc_scale point to the f32 [24] / [3] gate parameters, post_out /
+    comb_out to the f32 outputs; r_out8 / x_norm8 are bf16 views in chunks of 8."""
     if tid < PARTIALS:
         total = fx.Float32(0.0)
         for c in range_constexpr(SEAM_CHUNKS):
@@ -81,14 +83,14 @@ def seam_row(f32, partials_at, gate, red, HcBase, HcScale, PostOut, CombOut, ROu
         fx.memref_store(total, gate, tid)
     gpu.barrier()
     if wave == 0:
-        seam_gate(gate, HcBase, HcScale, PostOut, CombOut, row, lane)
+        seam_gate(gate, hc_base, hc_scale, post_out, comb_out, row, lane)
     gpu.barrier()
     pre = [fx.memref_load(gate, i) for i in range_constexpr(STREAMS)]
-    collapse_norm_quant(ROut, Norm, XNorm, pre, red, u8x8, u8, codes_at, scales_at, row, tid, wave, lane)
+    collapse_norm_quant(r_out8, norm, x_norm8, pre, red, u8x8, u8, codes_at, scales_at, row, tid, wave, lane)
 
 
 @dsl
-def seam_gate(gate, HcBase, HcScale, PostOut, CombOut, row, lane):
+def seam_gate(gate, hc_base, hc_scale, post_out, comb_out, row, lane):
     """Wave 0: mixes -> pre (into gate[0:4]), post and the Sinkhorn comb (stored).
 
     Lane e = 4 i + j (of every 16) holds comb[i, j]: a row sum is a butterfly over lane bits
@@ -97,29 +99,29 @@ def seam_gate(gate, HcBase, HcScale, PostOut, CombOut, row, lane):
     """
     e = lane % 16
     inv = rsqrt(fx.memref_load(gate, MIXES) / float(STREAMS * H) + EPS)
-    s0, s1, s2 = (load_global(HcScale, i) for i in range_constexpr(3))
+    s0, s1, s2 = (pointer_load(hc_scale, i) for i in range_constexpr(3))
     own = lane % STREAMS
-    pre = sigmoid(fx.memref_load(gate, own) * inv * s0 + load_global(HcBase, own)) + EPS
-    post = sigmoid(fx.memref_load(gate, STREAMS + own) * inv * s1 + load_global(HcBase, STREAMS + own)) * \
+    pre = sigmoid(fx.memref_load(gate, own) * inv * s0 + pointer_load(hc_base, own)) + EPS
+    post = sigmoid(fx.memref_load(gate, STREAMS + own) * inv * s1 + pointer_load(hc_base, STREAMS + own)) * \
         HC_POST_ALPHA
-    logit = fx.memref_load(gate, 8 + e) * inv * s2 + load_global(HcBase, 8 + e)
+    logit = fx.memref_load(gate, 8 + e) * inv * s2 + pointer_load(hc_base, 8 + e)
     weight = ((logit - butterfly(logit, fx.max, _ROW)) * LOG2E).exp2()
     comb = weight / butterfly(weight, operator.add, _ROW) + EPS
     comb = comb / (butterfly(comb, operator.add, _COLUMN) + EPS)
     for _ in range_constexpr(SINKHORN_ROUNDS - 1):
         comb = comb / (butterfly(comb, operator.add, _ROW) + EPS)
         comb = comb / (butterfly(comb, operator.add, _COLUMN) + EPS)
-    if lane < STREAMS:
+    if lane < STREAMS:  # post and comb stored through plain pointers: no buffer resource to hold
         fx.memref_store(pre, gate, lane)
-        store_scalar(flat_view(PostOut), row * STREAMS + lane, post, fx.Float32)
+        fx.generic_store(post_out + (row * STREAMS + lane), post)
     if lane < 16:
-        store_scalar(flat_view(CombOut), row * 16 + lane, comb, fx.Float32)
+        fx.generic_store(comb_out + (row * 16 + lane), comb)
 
 
 @dsl
-def collapse_norm_quant(ROut, Norm, XNorm, pre, red, u8x8, u8, codes_at, scales_at, row, tid, wave, lane):
-    """x_norm = RMSNorm(bf16(sum_i pre_i R_i)) with `Norm`; its MXFP8 into the byte scratch."""
-    r8, out8 = flat_view(ROut, VEC), flat_view(XNorm, VEC)
+def collapse_norm_quant(r8, norm, out8, pre, red, u8x8, u8, codes_at, scales_at, row, tid, wave, lane):
+    """x_norm = RMSNorm(bf16(sum_i pre_i R_i)) with the weight at `norm`; its MXFP8 into the byte
+    scratch."""
     passes = []
     sq = fx.Float32(0.0)
     for p in range_constexpr(2):
@@ -136,7 +138,7 @@ def collapse_norm_quant(ROut, Norm, XNorm, pre, red, u8x8, u8, codes_at, scales_
         passes.append((chunk, valid, at, mixed))
     inv = rsqrt(block_sum(sq, red, 0, wave, lane) / float(H) + EPS)
     for chunk, valid, at, mixed in passes:
-        w = load_global(Norm, at * VEC, VEC).to(fx.Float32)
+        w = pointer_load(norm, at * VEC, VEC).to(fx.Float32)
         y = [bf16_round(mixed[e] * inv * w[e]) for e in range_constexpr(VEC)]
         if valid:
             store(out8, row * ROW_CHUNKS + at, bf16x8(y), fx.BFloat16, VEC)

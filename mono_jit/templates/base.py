@@ -88,6 +88,10 @@ class Template(ABC):
     persistent: ClassVar[bool] = False
     budget: ClassVar[Budget] = Budget()
     kernel_module: ClassVar[str]  # module (relative to this package) with build(spec) -> Build
+    # Whether the runner may serve a layer with it; a template that builds and tests but cannot
+    # finish a layer yet says why in `not_serving`, and a runner whose grid needs it declines.
+    serves: ClassVar[bool] = True
+    not_serving: ClassVar[str] = ""
 
     def source_digest(self, package_dir: Path = PACKAGE_DIR) -> str:
         """sha256 over (path, bytes) of every source file. Memoised per process by the files'

@@ -10,7 +10,7 @@ from .base import Template
 
 ENTRY_POINT_GROUP = "mono_jit.templates"
 # Built-in template name -> its package (relative to this one), imported when first asked for.
-BUILTINS = {"k1": ".k1", "keytable": ".keytable", "router": ".router"}
+BUILTINS = {"k1": ".k1", "k2": ".k2", "keytable": ".keytable", "router": ".router"}
 _registry: dict[str, Template] = {}
 _loaded_entry_points = False
 

@@ -116,16 +116,23 @@ def s3_task(task):
     return (task % S3_TILES) * TILE_N, task // S3_TILES
 
 
+def split_steps(first, count: int, wave):
+    """(K step, keep) of one wave when the CTA's 8 waves share `count` K steps from `first`: steps
+    w, w + 8, ... for every wave, then first + 8 full + w for the waves below the remainder; the
+    others compute the remainder's step w % extra again and drop it (keep false), which keeps
+    control flow uniform."""
+    full = count // WAVES
+    steps = [(first + wave + WAVES * s, None) for s in range(full)]
+    extra = count - full * WAVES
+    if extra:
+        steps.append((first + full * WAVES + wave % extra, wave < extra))
+    return steps
+
+
 def s3_steps(part, wave):
     """(K step, keep) of one wave in K half `part`: 28 steps over 8 waves are w, w + 8, w + 16
-    for every wave and 24 + w for waves 0..3; waves 4..7 compute 24 + w - 4 again and drop it
-    (keep false), which keeps control flow uniform."""
-    first = part * S3_PART_STEPS
-    full = S3_PART_STEPS // WAVES
-    steps = [(first + wave + WAVES * s, None) for s in range(full)]
-    extra = S3_PART_STEPS - full * WAVES
-    steps.append((first + full * WAVES + wave % extra, wave < extra))
-    return steps
+    for every wave and 24 + w for waves 0..3; waves 4..7 compute 24 + w - 4 again and drop it."""
+    return split_steps(part * S3_PART_STEPS, S3_PART_STEPS, wave)
 
 
 S5_WAVES_PER_TILE = WAVES // 2

@@ -121,8 +121,8 @@ def make_kernel(lay: K1Layout, stages: frozenset[int] = ALL_STAGES):
         u8 = flat_view(WorkU8, 1, lay.bytes)
         u8x8 = flat_view(WorkU8, VEC, lay.bytes)
         u8x16 = flat_view(WorkU8, 16, lay.bytes)
-        w_qkv = Fp8Weight(WQkv, SQkv, H, qkv_stride, qkv_shuffled)
-        w_qb = Fp8Weight(WQb, SQb, Q_LORA, qb_stride, qb_shuffled)
+        w_qkv = Fp8Weight(flat_view(WQkv, 16), fx.get_iter(SQkv), H, qkv_stride, qkv_shuffled)
+        w_qb = Fp8Weight(flat_view(WQb, 16), fx.get_iter(SQb), Q_LORA, qb_stride, qb_shuffled)
         x_mx = Mxfp8Rows(u8x16, u8, lay.x_codes, lay.x_scales, H)
         qr_mx = Mxfp8Rows(u8x16, u8, lay.qr_codes, lay.qr_scales, Q_LORA)
 
@@ -132,12 +132,13 @@ def make_kernel(lay: K1Layout, stages: frozenset[int] = ALL_STAGES):
             for task in range(cta, lay.s1_tasks, CTAS):
                 group, chunk = ad.s1_task(task)
                 col = chunk * SEAM_CHUNK + tid % SEAM_CHUNK
-                fn = mix_weights(HcFn, stream, col)
+                fn = mix_weights(flat_view(HcFn), stream, col)
                 x_at = lambda row: load_scalar(flat_view(X), row * H + col, fx.BFloat16).to(fx.Float32)  # noqa: E731
                 first = group * SEAM_GROUP
                 end = fx.min(first + SEAM_GROUP, m)
                 for row in range(first, end):
-                    fold_row(Residual, PostMix, ResMix, ROut, x_at, do_fold, fn, red, f32,
+                    fold_row(flat_view(Residual), fx.get_iter(PostMix), fx.get_iter(ResMix), flat_view(ROut), x_at,
+                             do_fold, fn, red, f32,
                              lay.partials + (row * SEAM_CHUNKS + chunk) * PARTIALS, row, col, stream, tid, wave, lane)
                 publish(Sync, lay.f1 + task, tag, tid)
 
@@ -147,9 +148,11 @@ def make_kernel(lay: K1Layout, stages: frozenset[int] = ALL_STAGES):
                 if row < m:
                     if const_expr(1 in stages):
                         wait(Sync, *lay.s2_awaits(row), tag, tid)
-                    seam_row(f32, lay.partials + row * SEAM_CHUNKS * PARTIALS, gate, red, HcBase, HcScale, PostOut,
-                             CombOut, ROut, AttnNorm, XNorm, u8x8, u8, ad.mx_code_offset(lay.x_codes, row, 0, H),
-                             ad.mx_scale_offset(lay.x_scales, row, 0, H), row, tid, wave, lane)
+                    seam_row(f32, lay.partials + row * SEAM_CHUNKS * PARTIALS, gate, red, fx.get_iter(HcBase),
+                             fx.get_iter(HcScale), fx.get_iter(PostOut), fx.get_iter(CombOut), flat_view(ROut, VEC),
+                             fx.get_iter(AttnNorm), flat_view(XNorm, VEC), u8x8, u8,
+                             ad.mx_code_offset(lay.x_codes, row, 0, H), ad.mx_scale_offset(lay.x_scales, row, 0, H),
+                             row, tid, wave, lane)
                 publish(Sync, lay.f2 + row, tag, tid)
 
         # ---- S3: fused_wqa_wkv -------------------------------------------------------------
@@ -237,7 +240,7 @@ def _kv_insert(f32x4, KvNorm, Rope, Positions, SlotMapping, KvCache, lay, row, l
     nope_lanes = NOPE // VEC  # 56
     position = load_global(Positions, row).to(fx.Int32)
     pair0 = (lane - nope_lanes) * (VEC // 2)
-    rotated = rope8(y, Rope, position, fx.max(pair0, 0))
+    rotated = rope8(y, fx.get_iter(Rope), position, fx.max(pair0, 0))
     y = [(lane >= nope_lanes).select(bf16_round(rotated[e]), y[e]) for e in range_constexpr(VEC)]
     per_block = KV_SCALE_BLOCK // VEC  # 8 lanes share a UE8M0 code
     code = e8m0(fx.max(butterfly(amax8(y), fx.max, range(3)), KV_AMAX_FLOOR))  # 8 lanes: 64 dims
@@ -269,7 +272,7 @@ def _q_head(f32x4, Rope, Positions, QOut, lay, row, head, lane):
     y = [v[e] * inv for e in range_constexpr(VEC)]
     nope_lanes = NOPE // VEC
     position = load_global(Positions, row).to(fx.Int32)
-    rotated = rope8(y, Rope, position, fx.max((lane - nope_lanes) * (VEC // 2), 0))
+    rotated = rope8(y, fx.get_iter(Rope), position, fx.max((lane - nope_lanes) * (VEC // 2), 0))
     y = [(lane >= nope_lanes).select(rotated[e], y[e]) for e in range_constexpr(VEC)]
     store(flat_view(QOut, VEC), base // VEC + lane, bf16x8(y), fx.BFloat16, VEC)
 

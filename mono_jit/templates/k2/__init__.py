@@ -1,19 +1,126 @@
-"""`k2`: the second persistent launch of the decode layer, after vLLM's compressor and indexer.
+"""`k2`: the second persistent launch of the decode layer (256 CTAs x 512 threads, gfx950), after
+vLLM's compressor and indexer. Part one (this template today) runs from the key table through
+the attention's all-reduce to the FFN seam; part two (the MoE) extends the same template.
 
-Part one, in stage order (semantics: `reference.py`, one function a stage):
+Part one, in stage order (semantics: `reference.py`, one function a stage; decomposition:
+`layout.py`; device code: `kernel.py`):
   1. key table     each row's keys: its SWA window (SWA cache), then its CSA top-k through the
                    compressed block table or its HCA global slots (compressed cache); graph-pad
                    rows (slot_mapping -1) have no keys and read nothing
-  2. sparse MQA    the rank's 16 heads of K1's q over the keys' 584-byte fp8_ds_mla records,
+  2. sparse MQA    the rank's heads of K1's q over the keys' 584-byte fp8_ds_mla records,
                    scale 512^-0.5, base-2 softmax with the per-head sink in the denominator,
                    split over keys and merged exactly (log-sum-exp)
   3. output        inverse RoPE of dims 448..511, MXFP8, wo_a per group, MXFP8, wo_b: the
                    rank's bf16 partial [M, 7168]
-  4. all-reduce    the ranks' partials summed in f32 in rank order, then bf16
+  4. all-reduce    the ranks' partials summed in f32 in rank order, then bf16, inside the
+                   kernel: (bf16 pair, tag) pushes into the peers' buffers, one hop or two
   5. FFN seam      the fold into K1's residual, the mixes with hc_ffn_*, Sinkhorn, collapse,
                    ffn_norm and the MXFP8 of the normed row (the MoE's input, part two)
 
-`layout.py` holds the stage decomposition, sync words, scratch and peer-buffer offsets and each
-CTA's hand-offs (tests/test_k2_protocol.py runs them on 8 ranks). Only the torch reference exists: the kernel and its template registration are not built yet,
-so nothing here registers and the runner keeps declining K2.
+Contract (M = rows this step, 1 <= M <= spec.max_tokens; flat buffers, row-major; fp8 as bytes):
+  in   positions    [M] int64;  slot_mapping [M] int64 (-1: a graph-pad row)
+       swa_indices  [M, 128] int32 global SWA slots (-1 padded);  swa_lens [M] int32
+       topk         [M, W] int32: CSA indexer top-k (local indices) or HCA global slots
+       token_req    [M] int32 (CSA);  block_table [R, bt_stride] int32 compressed pages (CSA)
+       swa_cache, comp_cache   the caches' bytes: pages of `*_block` 584-byte records,
+                    `*_page_stride` bytes a page (K1's record layout)
+       weights      [14] int64, the layer's table (layout.WEIGHT_TABLE), filled once a layer:
+                    addresses of wo_a [groups x 1024, woa_stride] e4m3 (row-major with vLLM's
+                    padded rows, or AITER-preshuffled with stride 4096), its E8M0 codes
+                    [groups x 8, 32], wo_b [7168, wob_stride] e4m3 (preshuffled: stride
+                    groups x 1024), its codes [56, groups x 8], attn_sink [heads] f32, the rope
+                    table [P, 64] f32, hc_ffn_fn [24, 4 x 7168] f32, hc_ffn_base [24],
+                    hc_ffn_scale [3] f32, ffn_norm [7168] bf16; then woa_stride, woa_shuffled,
+                    wob_stride, wob_shuffled as integers
+       state        [8] int64, the runner's table (layout.STATE_TABLE), filled once: addresses
+                    of K1's q_out [rows, heads, 512] bf16, r_out [rows, 4, 7168] bf16 (K2's
+                    residual), post_out [rows, 4] and comb_out [rows, 4, 4] f32; then K2's
+                    outputs: r_out [rows, 4, 7168] bf16 (R after the attention's fold; may be
+                    K1's r_out), post_out [rows, 4], comb_out [rows, 4, 4] f32 (the FFN seam's
+                    mixes), x_norm [rows, 7168] bf16 (ffn_norm of the collapse; its MXFP8 stays
+                    in `work`), each at least `rows` (the bucket) rows
+  work sync         [K2Layout.sync_words] int32, zeroed once (as K1's: epochs, counters, flags)
+       work         [K2Layout.work_words] f32: scratch (f32, key-table and byte regions)
+       mailbox      [peer_bytes / 8] int64: this rank's peer buffer (uncached, zeroed once,
+                    IPC-shared: runtime/peer.py);  peers [8] int64: every rank's buffer address
+                    by TP rank (entries past tp unused)
+  i32  m, rank, swa_page_stride, swa_block, comp_page_stride, comp_block, bt_stride, per_page
+
+Why tables: the AMDGPU backend loads every kernel argument in the entry block and keeps it
+live, so with each weight and buffer an argument K2 spilled up to 48 SGPRs; an address read
+from a table in the stage that uses it holds registers only there. The weights and the
+runner's buffers never move, so their tables are written once.
+
+Specialised by (TP, ratio, top-k width, max tokens): the key-table width and the attention's
+chunking follow the ratio and width. Layer kind is not a build: every K2 folds (the attention
+output into K1's R), and the MoE's hash routing is a run-time argument of part two.
+
+Until part two lands, K2 does not finish a layer (no MoE): `serves` is False, so the runner
+declines a grid that needs it instead of running half a layer.
 """
+
+from __future__ import annotations
+
+from ...resources import Budget
+from ...spec import Spec
+from ..base import COMMON_SOURCES, Argument, LaunchShape, Template, WorkBuffer
+from ..registry import register
+from .layout import PAIR_BYTES, PIN_LDS_BYTES, STATE_TABLE, WEIGHT_TABLE, K2Layout
+from ..k1.layout import CTAS, THREADS
+
+PEERS = 8
+
+
+@register
+class K2Template(Template):
+    name = "k2"
+    spec_fields = ("tp", "ratio", "topk_width", "max_tokens")
+    source_files = COMMON_SOURCES + (
+        "templates/_sync.py", "templates/sync_area.py", "templates/_numerics.py", "templates/_gemv.py",
+        "templates/_seam.py", "templates/k1/__init__.py", "templates/k1/layout.py", "templates/k1/addressing.py",
+        "templates/k1/reference.py", "templates/keytable/__init__.py", "templates/keytable/kernel.py",
+        "templates/keytable/reference.py", "templates/k2/__init__.py", "templates/k2/layout.py",
+        "templates/k2/reference.py", "templates/k2/kernel.py")
+    kernel_module = ".k2.kernel"
+    persistent = True
+    budget = Budget(scratch_bytes=0, spills=0)
+    serves = False
+    not_serving = "K2 part two (the MoE stages, issue 12) is not built: K2 cannot finish a layer yet"
+
+    def launch_shape(self, spec: Spec) -> LaunchShape:
+        return LaunchShape(grid=(CTAS, 1, 1), block=(THREADS, 1, 1), dynamic_lds=PIN_LDS_BYTES)
+
+    def arguments(self, spec: Spec) -> tuple[Argument, ...]:
+        lay = K2Layout.of(spec)
+        t = lambda name, dtype, doc: Argument(name, "tensor", dtype, doc)  # noqa: E731
+        i = lambda name, doc: Argument(name, "i32", "int32", doc)  # noqa: E731
+        return (
+            t("positions", "int64", "[M]"),
+            t("slot_mapping", "int64", "[M] SWA slots, -1 = graph padding"),
+            t("swa_indices", "int32", "[M, 128] global SWA slots, -1 padded"),
+            t("swa_lens", "int32", "[M]"),
+            t("topk", "int32", f"[M, {lay.topk_width}] CSA local indices / HCA global slots"),
+            t("token_req", "int32", "[M] request of each token (CSA)"),
+            t("block_table", "int32", "[R, bt_stride] compressed block table (CSA)"),
+            t("swa_cache", "uint8", "SWA cache bytes (fp8_ds_mla pages)"),
+            t("comp_cache", "uint8", "compressed cache bytes (fp8_ds_mla pages)"),
+            t("weights", "int64", f"[{len(WEIGHT_TABLE)}] the layer's table: {', '.join(WEIGHT_TABLE)}"),
+            t("state", "int64", f"[{len(STATE_TABLE)}] the runner's buffers: {', '.join(STATE_TABLE)}"),
+            t("sync", "int32", f"[{lay.sync_words}] epoch, counters, flags"),
+            t("work", "float32", f"[{lay.work_words}] scratch"),
+            t("mailbox", "int64", f"[{lay.peer_bytes // PAIR_BYTES}] this rank's peer buffer"),
+            t("peers", "int64", f"[{PEERS}] every rank's peer-buffer address"),
+            i("m", "rows this step (1..max_tokens)"),
+            i("rank", "this TP rank"),
+            i("swa_page_stride", "swa_cache.stride(0) in bytes"),
+            i("swa_block", "records per SWA page"),
+            i("comp_page_stride", "comp_cache.stride(0) in bytes"),
+            i("comp_block", "records per compressed page"),
+            i("bt_stride", "block_table.stride(0) (CSA)"),
+            i("per_page", "compressed entries per page (CSA)"),
+        )
+
+    def work_buffers(self, spec: Spec) -> tuple[WorkBuffer, ...]:
+        lay = K2Layout.of(spec)
+        return (WorkBuffer("sync", "int32", lay.sync_words, zeroed_once=True),
+                WorkBuffer("work", "float32", lay.work_words))

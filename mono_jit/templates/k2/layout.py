@@ -32,7 +32,7 @@ on that word (sync area) or that half (peer buffer), and a 32-bit tag can wrap (
   S7 reduce + seam  K1's S1 table (row group of 16, column chunk of 128), imported: the task
                     reads its rows x 128 columns of y (one hop: PART of the 8 ranks, summed in
                     rank order; two hops: its owner sums RS in rank order and pushes the bf16
-                    sums to every other rank's AG, the others read AG), folds, mixes.
+                    sums to every rank's AG, the others read AG), folds, mixes.
   S8 seam gate      K1's S2 table (task = row): gate, Sinkhorn, collapse, ffn_norm, MXFP8 (the
                     flag is part two's hand-off to the MoE).
 
@@ -64,7 +64,7 @@ e.g. L = 11.8 us at the link's peak, or B = 32 GB/s effective at L = 5 us: 8-byt
 CU stores reach well under the link's peak. Both schemes sum in rank order in f32: same bits.
 
 Buffers (per K2 build, on every rank, allocated before capture): `sync` (int32, zeroed once),
-`work_f32`, `work_u8`, and the peer buffer (`peer_bytes`, symmetric across ranks, uncached,
+`work` (f32 words: the f32, key-table and byte regions), and the peer buffer (`peer_bytes`, symmetric across ranks, uncached,
 zeroed once, IPC-shared). The peer buffer belongs to the build's sync area: its tags are that
 area's epochs, so two builds may not share one (an equal epoch of another area would read as
 this launch's), and every rank's area must hold the same epoch (all created, and dropped, together).
@@ -78,7 +78,9 @@ from functools import cached_property
 
 from ... import model
 from ...spec import Spec
-from ..k1.layout import CTAS, HEAD_DIM, MX_BLOCK, SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, TILE_N, K1Layout
+from ..k1.layout import (CTAS, HEAD_DIM, LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS, MX_BLOCK, PARTIALS,
+                         SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, TILE_N, K1Layout)
+from ...resources import LDS_PER_CU
 from ..sync_area import FIRST_FLAG
 
 HEAD_TILE = 16  # heads an attention MFMA takes
@@ -90,6 +92,30 @@ MERGE_BLOCK = HEADS_PER_GROUP // WOA_PARTS  # 4 heads: one wo_a K half
 WOB_TILES = model.HIDDEN // TILE_N  # 448
 PAIR_BYTES = 8  # (value, tag): one 8-byte store
 ROW_ALIGN = 256  # bytes: every region starts on a 256-byte boundary
+
+# LDS (f32 words): K1's block-reduction, gate and split-K areas (the shared seam and GEMV code
+# use them), and the 128 reduced values of the S7 row being folded. The pin keeps one CTA a CU,
+# as K1's (k1/layout.py PIN_LDS_BYTES).
+LDS_Y_WORDS = SEAM_CHUNK
+LDS_PEER_WORDS = 16  # eight ranks' peer-buffer addresses
+STATIC_LDS_BYTES = 4 * (LDS_RED_WORDS + LDS_GATE_WORDS + LDS_ACC_WORDS + LDS_Y_WORDS + LDS_PEER_WORDS)
+PIN_LDS_BYTES = LDS_PER_CU // 2 + 64 - STATIC_LDS_BYTES
+# A cross-rank wait polls at most this many times (an s_sleep and a fabric round trip each,
+# seconds in all) before it traps: a rank that died mid-step fails the launch, never hangs it.
+PEER_POLL_LIMIT = 1 << 22
+
+# The layer's weights reach K2 as one int64 table (the runner fills one a layer, once: weights
+# do not move): the weights' device addresses, then wo_a's and wo_b's row stride in bytes and
+# whether each is AITER-preshuffled (1) or row-major (0; a preshuffled weight's stride is its
+# K). A value read in the stage that uses it holds no SGPRs across the persistent kernel; as
+# arguments they would (the AMDGPU backend loads every kernel argument in the entry block), and
+# with every weight an argument K2 spilled SGPRs.
+WEIGHT_TABLE = ("w_oa", "s_oa", "w_ob", "s_ob", "attn_sink", "rope", "hc_fn", "hc_base", "hc_scale", "ffn_norm",
+                "woa_stride", "woa_shuffled", "wob_stride", "wob_shuffled")
+# The runner's buffers K2 reads and writes reach it the same way, one table a runner (they are
+# allocated once, at the widest bucket, and never move): K1's q_out, r_out, post_out and
+# comb_out (K2's inputs), then K2's outputs.
+STATE_TABLE = ("q", "residual", "post_in", "comb_in", "r_out", "post_out", "comb_out", "x_norm")
 
 # The all-reduce's model (module docstring): link bandwidth a direction, latency a hop.
 LINK_BYTES_PER_S = 76.8e9
@@ -308,11 +334,12 @@ class K2Layout:
     # A unit is what one task pushes to one rank: PART / RS unit src x 448 + tile (a wo_b tile's
     # 16 columns x all rows, from rank src); AG unit = S7 task (its group's rows x 128 columns).
     def s6_pushes(self, task, rank):
-        """(peer, region, unit) of wo_b tile `task` on `rank`, peers from the rank's own on."""
+        """(peer, region, unit) of wo_b tile `task` on `rank`, peers in rank order (as the kernel
+        unrolls them)."""
         unit = rank * WOB_TILES + task
         if self.two_hop:
             return [(self.wob_owner(task), "rs", unit)]
-        return [((rank + i) % self.tp, "part", unit) for i in range(self.tp)]
+        return [(peer, "part", unit) for peer in range(self.tp)]
 
     def s7_peer_awaits(self, task, rank):
         """(region, first unit, count) the S7 task reads on `rank`: the 8 tiles of its chunk
@@ -325,10 +352,11 @@ class K2Layout:
         return [(region, src * WOB_TILES + chunk * tiles, tiles) for src in range(self.tp)]
 
     def s7_pushes(self, task, rank):
-        """Two hops, on the chunk's owner: its sums to every other rank's AG."""
+        """Two hops, on the chunk's owner: its sums to every rank's AG (its own included, where
+        nothing reads them: one uniform loop in the kernel)."""
         if not self.two_hop or self.seam_owner(self.s7_task(task)[1]) != rank:
             return []
-        return [((rank + i) % self.tp, "ag", task) for i in range(1, self.tp)]
+        return [(peer, "ag", task) for peer in range(self.tp)]
 
     def peer_units(self, region: str) -> int:
         return self.s7_tasks if region == "ag" else self.tp * WOB_TILES
@@ -387,8 +415,52 @@ class K2Layout:
         return self.attn_acc + self.s2_tasks * HEAD_TILE * HEAD_DIM
 
     @property
-    def f32_words(self) -> int:
+    def partials(self) -> int:
+        """[rows, 56, 25] the FFN seam's mix partials (K1Layout.partials' layout)."""
         return self.woa_raw + WOA_PARTS * self.rows * self.o_width
+
+    @property
+    def f32_words(self) -> int:
+        return self.partials + self.rows * SEAM_CHUNKS * PARTIALS
+
+    def attn_ml_at(self, task, which, head):
+        """Word of S2 task `task`'s base-2 max (which 0) or sum (which 1) of its tile's head."""
+        return self.attn_ml + (task * 2 + which) * HEAD_TILE + head
+
+    def attn_acc_at(self, task, head, dim):
+        """Word of S2 task `task`'s accumulator of its tile's head at dim `dim`."""
+        return self.attn_acc + (task * HEAD_TILE + head) * HEAD_DIM + dim
+
+    # -- the work buffer: f32 words, then the key table (i32 words), then the byte scratch ------
+    @property
+    def i32_at(self) -> int:
+        """Byte offset of the i32 region in the work buffer."""
+        return 4 * self.f32_words
+
+    @property
+    def u8_at(self) -> int:
+        """Byte offset of the byte region in the work buffer."""
+        return _align(self.i32_at + 4 * self.i32_words)
+
+    @property
+    def work_words(self) -> int:
+        """The work buffer's size in f32 words (one f32 buffer holds all three regions)."""
+        return (self.u8_at + self.bytes) // 4
+
+    # -- i32 scratch (words): the key table ------------------------------------------------
+    @property
+    def key_slots(self) -> int:
+        """[rows, keys] a row's slots (SWA ones first), -1 after its keys."""
+        return 0
+
+    @property
+    def key_counts(self) -> int:
+        """[rows, 2]: a row's keys and its leading SWA keys."""
+        return self.key_slots + self.rows * self.keys
+
+    @property
+    def i32_words(self) -> int:
+        return self.key_counts + 2 * self.rows
 
     # -- byte scratch ------------------------------------------------------------------
     @property
@@ -397,19 +469,9 @@ class K2Layout:
         return math.ceil(self.rows / TILE_N) * TILE_N
 
     @property
-    def key_slots(self) -> int:
-        """[rows, keys] int32 key table, -1 after a row's keys."""
-        return 0
-
-    @property
-    def key_counts(self) -> int:
-        """[rows, 2] int32: a row's keys and its leading SWA keys."""
-        return _align(self.key_slots + 4 * self.rows * self.keys)
-
-    @property
     def xo_codes(self) -> int:
         """[operand_rows, heads x 512] e4m3 of the merged, inverse-RoPE'd o (wo_a's input)."""
-        return _align(self.key_counts + 4 * 2 * self.rows)
+        return 0
 
     @property
     def xo_scales(self) -> int:
@@ -432,8 +494,18 @@ class K2Layout:
         return _align(self.z_scales + self.operand_rows * self.o_width // MX_BLOCK)
 
     @property
-    def bytes(self) -> int:
+    def ffn_codes(self) -> int:
+        """[operand_rows, 7168] e4m3 of the FFN seam's normed row (part two's MoE input)."""
         return _align(self.partial + 2 * self.rows * model.HIDDEN)
+
+    @property
+    def ffn_scales(self) -> int:
+        """[operand_rows, 224] its E8M0 codes."""
+        return _align(self.ffn_codes + self.operand_rows * model.HIDDEN)
+
+    @property
+    def bytes(self) -> int:
+        return _align(self.ffn_scales + self.operand_rows * model.HIDDEN // MX_BLOCK)
 
     # -- the peer buffer: two halves (epoch parity), each the attention all-reduce's region ----
     @property

@@ -1,0 +1,617 @@
+"""FlyDSL source of K2 part one (contract in the package docstring, decomposition in layout.py).
+
+(No `from __future__ import annotations` here: fx.struct and @flyc.kernel read real annotations.)
+
+How each stage runs on a CTA of 512 threads (8 waves of 64):
+- S1 key table: wave 0 runs the `keytable` template's row function (keytable/kernel.py), one
+  implementation for both; graph-pad rows (slot -1) and rows past m get no keys.
+- S2 attention: thread t holds head t / 32 of the tile and 16 dims 16 (t % 32) .. + 15 of the
+  512: its q slice (pre-scaled by 512^-0.5 log2 e) and its accumulator slice. Keys go four at a
+  time (their loads in flight together): a lane reads 16 e4m3 bytes and its 64-dim block's
+  UE8M0 code, or 32 bytes of bf16 RoPE dims (the last four lanes of a head), the head's score
+  is a butterfly over its 32 lanes, and the running (max, sum, acc) rescales once a group. The
+  SWA keys read the SWA cache, the rest the compressed cache (two loops, one state).
+- S3 merge: wave 0, a lane per 8 dims: the chunks' states and the sink merged in base 2, bf16,
+  the inverse RoPE on lanes 56..63, MXFP8 per 32 (numerics.mx_store).
+- S4 wo_a / S6 wo_b: the shared scaled-MFMA GEMV (templates/_gemv.py, K1's operand layout).
+  S6 reduces its waves' accumulators through LDS, rounds to bf16 and pushes (bf16 pair, tag)
+  as one 8-byte system-scope store per pair to the peers.
+- S7 reduce + fold: 64 threads sum a row's 128 columns over the ranks in rank order (f32, then
+  bf16) into LDS, and the CTA folds the row with the shared seam code (templates/_seam.py).
+- S8: the shared seam row with hc_ffn_* and ffn_norm.
+
+Cross-rank hand-offs (gfx950 facts, each from code that runs there):
+- a pair is stored by one atomic 64-bit store at system scope (LLVM syncscope "", monotonic),
+  which LLVM's AMDGPU backend lowers on gfx942 / gfx950 to `global_store_dwordx2 ... sc0 sc1`
+  (AMDGPUUsage, "Memory Model GFX942": system-scope atomics set SC0 and SC1) and a poll is the
+  matching `global_load_dwordx2 ... sc0 sc1`; vLLM 0.33's in-tree mono pushes and polls its
+  peer pairs with the same cache policy (mono/common/ops.py CM_SYS = SC0 | SC1, "system scope
+  (peers over XGMI)"; common/sync.py Mailbox.put / poll). tests/test_k2_gates.py checks the
+  instructions in the ISA. The value and its tag land together because the store is one
+  8-byte access, so no flag or fence is needed between them.
+- the peer buffers are uncached, fine-grained device memory (runtime/peer.py, as AITER's
+  UncachedIpcHeap), so the SC0 SC1 loads see peers' stores without cache maintenance.
+- a poll that has not seen its tag after PEER_POLL_LIMIT rounds traps (s_trap 2): a rank that
+  died mid-step fails the launch instead of hanging the GPU.
+
+Not run on hardware: there is no AMD GPU here. CI checks that every bucket and ratio compiles
+for gfx950 with no spills or scratch and fits the persistent grid, that the ISA holds the
+scaled MFMAs, the system-scope pair accesses and the trap, that the reference is right against
+an independent formulation, that the scratch and peer offsets stay in their buffers, and that
+the protocol holds on a model of 8 ranks. The rest is unverified until tests/test_gpu_k2.py
+runs on MI355X GPUs.
+"""
+
+
+import operator
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+import torch
+from flydsl.expr import const_expr, gpu, range_constexpr
+
+from ... import model
+from ...spec import Spec
+from .._dsl import (WAVE, butterfly, dsl, flat_view, load, load_global, load_scalar, pointer_load, store,
+                    store_scalar, table_pointer, typed_view)
+from .._gemv import Fp8Weight, Mxfp8Rows, gemv_reduce, gemv_steps
+from .._numerics import LOG2E, VEC, bf16_round, e8m0_scale, fp8x4_to_f32, load8_f32, mx_store, rope8
+from .._seam import fold_row, mix_weights, seam_row
+from .._sync import arrive, leave, publish, step_tag, trap_if, wait
+from ..base import Build
+from ..k1 import addressing as ad
+from ..k1.layout import (CTAS, HEAD_DIM, KV_DATA, KV_SCALE_BLOCK, KV_SCALES, LDS_ACC_WORDS, LDS_GATE_WORDS,
+                         LDS_RED_WORDS, MIXES, NOPE, PARTIALS, SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, STREAMS,
+                         THREADS, TILE_K, TILE_N, WAVES)
+from ..keytable.kernel import key_table_row
+from .layout import (HEAD_TILE, HEADS_PER_GROUP, LDS_Y_WORDS, O_LORA, PAIR_BYTES, PEER_POLL_LIMIT,
+                     PIN_LDS_BYTES, STATE_TABLE, WEIGHT_TABLE, WOA_PARTS, K2Layout)
+from .reference import SCALE
+
+H = model.HIDDEN
+PEERS = 8  # peer-buffer arguments: always eight, the ones past tp unused (a stable ABI)
+KEY_STEP = 4  # keys whose loads a S2 lane has in flight together
+SLICE = HEAD_DIM // 32  # 16 dims a S2 lane
+NOPE_SLICES = NOPE // SLICE  # 28: the lanes of a head that read e4m3 bytes
+I32_MASK = 0xFFFFFFFF
+ML_STRIDE = 2 * HEAD_TILE  # K2Layout.attn_ml_at: words from one S2 task's (max, sum) to the next
+ACC_STRIDE = HEAD_TILE * HEAD_DIM  # K2Layout.attn_acc_at: from one S2 task's accumulators to the next
+
+
+@fx.struct
+class _Shared:
+    red: fx.Array[fx.Float32, LDS_RED_WORDS, 16]  # per-wave partials of block reductions
+    gate: fx.Array[fx.Float32, LDS_GATE_WORDS, 16]  # the seam's 25 sums, then pre
+    acc: fx.Array[fx.Float32, LDS_ACC_WORDS, 16]  # GEMV split-K partials
+    y: fx.Array[fx.Float32, LDS_Y_WORDS, 16]  # S7: the reduced row's 128 columns
+    peers: fx.Array[fx.Int32, 2 * PEERS, 16]  # every rank's peer-buffer address (low, high words)
+
+
+# -- S2: the sparse MQA over fp8_ds_mla records -------------------------------------------------
+
+def _bf16_pair_f32(word):
+    """(low, high) bf16 of an i32 as two f32 (a bf16 is the top half of its f32)."""
+    lo = fx.Vector.filled(1, word << 16, fx.Int32).bitcast(fx.Float32)[0]
+    hi = fx.Vector.filled(1, word & -65536, fx.Int32).bitcast(fx.Float32)[0]
+    return lo, hi
+
+
+def _key_slice(data16, data8, slot, page_stride, block, s):
+    """Lane slice `s` (16 dims) of the record at `slot` as 16 f32: e4m3 x 2^(code - 127) for
+    s < 28 (one UE8M0 code per 64 dims), the bf16 RoPE dims for s >= 28 (k1 reference's
+    kv_dequantize). Every byte read through the cache's buffer resource (0 past its end)."""
+    data, scales = ad.kv_offsets(slot, block, page_stride)
+    rope_lane = s >= NOPE_SLICES
+    at = rope_lane.select(data + NOPE + (s - NOPE_SLICES) * 2 * SLICE, data + s * SLICE)
+    first = load(data16, at // 16, fx.Uint8, 16).bitcast(fx.Int32)
+    second = load(data16, at // 16 + 1, fx.Uint8, 16).bitcast(fx.Int32)
+    code = load_scalar(data8, scales + fx.min(s, NOPE_SLICES - 1) * SLICE // KV_SCALE_BLOCK, fx.Uint8).to(fx.Int32)
+    scale = e8m0_scale(code)
+    nope = []
+    for w in range_constexpr(4):
+        nope += fp8x4_to_f32(first[w])
+    rope = []
+    for w in range_constexpr(4):
+        rope += list(_bf16_pair_f32(first[w]))
+    for w in range_constexpr(4):
+        rope += list(_bf16_pair_f32(second[w]))
+    return [rope_lane.select(rope[i], nope[i] * scale) for i in range_constexpr(SLICE)]
+
+
+def _finite(value):
+    """-inf (a max over nothing) as 0, so 2^(x - max) is 0 rather than NaN."""
+    return (value == float("-inf")).select(0.0, value)
+
+
+@dsl
+def _attend_keys(data16, data8, keys_i32, table_at, page_stride, block, begin, end, q, m_run, l_run, acc, s):
+    """Keys begin .. end - 1 of a row's table (slots at keys_i32[table_at + j]) from one cache,
+    into the running base-2 (max, sum, acc) of this lane's head."""
+    for j0 in range(begin, end, KEY_STEP):
+        scores, values = [], []
+        for u in range_constexpr(KEY_STEP):
+            j = j0 + u
+            live = j < end
+            slot = load_scalar(keys_i32, table_at + fx.min(j, end - 1), fx.Int32)
+            k = _key_slice(data16, data8, slot, page_stride, block, s)
+            dot = q[0] * k[0]
+            for i in range_constexpr(1, SLICE):
+                dot = dot + q[i] * k[i]
+            dot = butterfly(dot, operator.add, range(5))  # the head's 32 lanes
+            scores.append(live.select(dot, float("-inf")))
+            values.append(fx.Vector.from_elements(k, fx.Float32))
+        m_new = m_run
+        for u in range_constexpr(KEY_STEP):
+            m_new = fx.max(m_new, scores[u])
+        m_use = _finite(m_new)
+        alpha = (m_run - m_use).exp2()
+        l_run = l_run * alpha
+        acc = acc * alpha
+        for u in range_constexpr(KEY_STEP):
+            p = (scores[u] - m_use).exp2()
+            l_run = l_run + p
+            acc = acc + values[u] * p
+        m_run = m_new
+    return m_run, l_run, acc
+
+
+@dsl
+def _attention_task(lay, task, q_view, SwaCache, CompCache, i32, f32x4, f32, swa_page_stride, swa_block,
+                    comp_page_stride, comp_block, tid):
+    """S2 task `task` = (row, head tile, key chunk): the chunk's state per head to the scratch."""
+    row, tile, chunk = lay.s2_task(task)
+    h = tid // 32
+    s = tid % 32
+    head = fx.min(tile * HEAD_TILE + h, lay.heads - 1)
+    q_at = ((row * lay.heads + head) * HEAD_DIM + s * SLICE) // VEC
+    q = []
+    for half in range_constexpr(2):
+        q_part = load(q_view, q_at + half, fx.BFloat16, VEC).to(fx.Float32)
+        q += [q_part[e] * (SCALE * LOG2E) for e in range_constexpr(VEC)]
+    count = load_scalar(i32, lay.key_counts + 2 * row, fx.Int32)
+    swa = load_scalar(i32, lay.key_counts + 2 * row + 1, fx.Int32)
+    begin = chunk * lay.chunk
+    end = fx.min(begin + lay.chunk, count)
+    table_at = lay.key_slots + row * lay.keys
+    m_run, l_run = fx.Float32(float("-inf")), fx.Float32(0.0)
+    acc = fx.Vector.filled(SLICE, 0.0, fx.Float32)
+    m_run, l_run, acc = _attend_keys(flat_view(SwaCache, 16), flat_view(SwaCache), i32, table_at, swa_page_stride,
+                                     swa_block, begin, fx.min(end, swa), q, m_run, l_run, acc, s)
+    m_run, l_run, acc = _attend_keys(flat_view(CompCache, 16), flat_view(CompCache), i32, table_at,
+                                     comp_page_stride, comp_block, fx.max(begin, swa), end, q, m_run, l_run, acc, s)
+    ml_at, acc_at = lay.attn_ml_at(task, 0, h), lay.attn_acc_at(task, h, s * SLICE)
+    if tile * HEAD_TILE + h < lay.heads:
+        if s == 0:
+            store_scalar(f32, ml_at, m_run, fx.Float32)
+            store_scalar(f32, ml_at + HEAD_TILE, l_run, fx.Float32)
+        for v in range_constexpr(SLICE // 4):
+            store(f32x4, acc_at // 4 + v, fx.Vector.from_elements([acc[4 * v + e] for e in range_constexpr(4)],
+                                                                  fx.Float32), fx.Float32, 4)
+
+
+@dsl
+def _merge_task(lay, task, attn_sink, rope, Positions, f32, f32x4, u8x8, u8, lane):
+    """S3 task `task` = (row, head), one wave: the chunks and the sink merged (reference.merge),
+    o in bf16, the inverse RoPE, MXFP8 per 32 into wo_a's operand rows."""
+    row, head = lay.s3_task(task)
+    h = head % HEAD_TILE
+    first = (row * lay.head_tiles + head // HEAD_TILE) * lay.chunks
+    sink2 = pointer_load(attn_sink, head) * LOG2E
+    ml_at = lay.attn_ml_at(first, 0, h)  # chunk c's max at ml_at + c ML_STRIDE, its sum HEAD_TILE on
+    acc_at = lay.attn_acc_at(first, h, lane * VEC)  # its 8 dims at acc_at + c ACC_STRIDE
+    top = sink2
+    for c in range(0, lay.chunks):
+        top = fx.max(top, load_scalar(f32, ml_at + c * ML_STRIDE, fx.Float32))
+    top = _finite(top)
+    denominator = (sink2 - top).exp2()
+    acc = fx.Vector.filled(VEC, 0.0, fx.Float32)
+    for c in range(0, lay.chunks):
+        weight = (load_scalar(f32, ml_at + c * ML_STRIDE, fx.Float32) - top).exp2()
+        denominator = denominator + load_scalar(f32, ml_at + c * ML_STRIDE + HEAD_TILE, fx.Float32) * weight
+        acc = acc + fx.Vector.from_elements(load8_f32(f32x4, acc_at + c * ACC_STRIDE), fx.Float32) * weight
+    live = denominator > 0.0
+    inverse = 1.0 / live.select(denominator, 1.0)
+    o = [live.select(bf16_round(acc[e] * inverse), 0.0) for e in range_constexpr(VEC)]
+    nope_lanes = NOPE // VEC
+    position = load_global(Positions, row).to(fx.Int32)
+    turned = rope8(o, rope, position, fx.max(lane - nope_lanes, 0) * (VEC // 2), inverse=True)
+    o = [(lane >= nope_lanes).select(turned[e], o[e]) for e in range_constexpr(VEC)]
+    width = lay.heads * HEAD_DIM
+    mx_store(o, u8x8, u8, lay.xo_codes + row * width + head * HEAD_DIM,
+             lay.xo_scales + (row * width + head * HEAD_DIM) // 32, lane, lane < WAVE)
+
+
+@dsl
+def _z_quant_row(lay, row, f32x4, u8x8, u8, tid):
+    """S5 row `row`: wo_a's two K halves added, bf16, MXFP8 per 32 into wo_b's operand rows."""
+    chunks = lay.o_width // VEC
+    for p in range_constexpr((chunks + THREADS - 1) // THREADS):
+        chunk = tid + p * THREADS
+        valid = chunk < chunks
+        at = valid.select(chunk, 0) * VEC
+        first = load8_f32(f32x4, lay.woa_raw + row * lay.o_width + at)
+        second = load8_f32(f32x4, lay.woa_raw + (lay.rows + row) * lay.o_width + at)
+        z = [bf16_round(first[e] + second[e]) for e in range_constexpr(VEC)]
+        mx_store(z, u8x8, u8, lay.z_codes + row * lay.o_width, lay.z_scales + row * lay.o_width // 32,
+                 valid.select(chunk, 0), valid)
+
+
+# -- the all-reduce's pairs ---------------------------------------------------------------------
+
+def _pair(bits, tag):
+    """(value word, tag) as the i64 one store writes: the value at the lower address."""
+    return (fx.Int64(tag) << 32) | (fx.Int64(bits) & I32_MASK)
+
+
+@dsl
+def _stage_peer_addresses(Peers, lds_peers, tid):
+    """Copy the `peers` table (an i64 address a rank, what runtime/peer.py exchanges) into LDS
+    once a launch. A push reads its peer's address from there into VGPRs: as scalar loads of
+    the table, the eight addresses held 16 SGPRs through the all-reduce and the two-hop builds
+    spilled SGPRs. (vLLM's mono also reads its peer bases from a table: common/ops.py
+    peer_bases.)"""
+    if tid < PEERS:
+        address = load_global(Peers, tid)
+        fx.memref_store((address & I32_MASK).to(fx.Int32), lds_peers, 2 * tid)
+        fx.memref_store((address >> 32).to(fx.Int32), lds_peers, 2 * tid + 1)
+    gpu.barrier()
+
+
+def _peer_pointer(lds_peers, own, rank):
+    """Rank `rank`'s peer buffer as a pointer of the own buffer's type (from LDS: a VGPR value)."""
+    low = fx.Int64(fx.memref_load(lds_peers, 2 * rank)) & I32_MASK
+    address = (fx.Int64(fx.memref_load(lds_peers, 2 * rank + 1)) << 32) | low
+    return fx.inttoptr(fx.get_iter(own).type, address)
+
+
+def _put(pointer, index, bits, tag) -> None:
+    """One pair into a rank's peer buffer: a single 8-byte atomic store at system scope."""
+    fx.generic_store(pointer + index, _pair(bits, tag), memory_order=fx.AtomicOrdering.Monotonic)
+
+
+def _peek(buffer, index):
+    return fx.generic_load(fx.get_iter(buffer) + index, memory_order=fx.AtomicOrdering.Monotonic)
+
+
+@dsl
+def _poll(buffer, indices, tag):
+    """The value words of pairs `indices` of this rank's buffer once every one carries `tag`:
+    all loaded together, all re-loaded while any is stale; a wave whose lanes poll past
+    PEER_POLL_LIMIT rounds traps."""
+    seen = fx.Vector.from_elements([_peek(buffer, i) for i in indices], fx.Int64)
+    polls = fx.Int32(0)
+    stale = fx.Int32(0)
+    for n in range_constexpr(len(indices)):
+        stale = stale | ((seen[n] >> 32).to(fx.Int32) != tag).select(1, 0)
+    while (stale != 0) & (polls < PEER_POLL_LIMIT):
+        fx.rocdl.s_sleep(1)
+        seen = fx.Vector.from_elements([_peek(buffer, i) for i in indices], fx.Int64)
+        stale = fx.Int32(0)
+        for n in range_constexpr(len(indices)):
+            stale = stale | ((seen[n] >> 32).to(fx.Int32) != tag).select(1, 0)
+        polls = polls + 1
+    trap_if(butterfly(stale, fx.max, range(6)))
+    return [seen[n].to(fx.Int32) for n in range_constexpr(len(indices))]
+
+
+def _sum_in_rank_order(words):
+    """The ranks' bf16 pairs summed in f32 in rank order: (low sum, high sum)."""
+    lo, hi = _bf16_pair_f32(words[0])
+    for w in words[1:]:
+        a, b = _bf16_pair_f32(w)
+        lo, hi = lo + a, hi + b
+    return lo, hi
+
+
+def _bf16_pair_bits(lo, hi):
+    """Two f32 as one i32 of two bf16 (RNE): lo in the low half."""
+    return fx.Vector.from_elements([lo, hi], fx.Float32).to(fx.BFloat16).bitcast(fx.Int32)[0]
+
+
+@dsl
+def _wob_push(lay, task, accs, lds_acc, peers, mailbox, half_at, rank, tag, m, tid, wave, lane):
+    """S6 after its GEMV: the 8 waves' K parts added (fixed order), bf16, and each (token,
+    column pair) pushed: to every rank's PART (one hop) or the columns' owner's RS (two hops).
+    Pad tokens (m <= token < rows) push zeros; tokens past the bucket push nothing."""
+    row_tiles = len(accs)
+    for t in range_constexpr(row_tiles):
+        for e in range_constexpr(4):
+            fx.memref_store(accs[t][e], lds_acc, ad.lds_acc_slot(wave, t, lane, e, row_tiles))
+    gpu.barrier()
+    pairs = row_tiles * WAVE * 2
+    n0 = task * TILE_N
+    for rep in range_constexpr((pairs + THREADS - 1) // THREADS):
+        index = tid + rep * THREADS
+        t = fx.min(index // (WAVE * 2), row_tiles - 1)
+        src_lane = index % (WAVE * 2) // 2
+        e0 = index % 2 * 2
+        totals = []
+        for e in range_constexpr(2):
+            total = fx.Float32(0.0)
+            for w in range_constexpr(WAVES):
+                total = total + fx.memref_load(lds_acc, ad.lds_acc_slot(w, t, src_lane, e0 + e, row_tiles))
+            totals.append(total)
+        column, token_in_tile = ad.result_lane(src_lane, e0)
+        token = t * TILE_N + token_in_tile
+        col = n0 + column
+        live = token < m
+        bits = _bf16_pair_bits(live.select(totals[0], 0.0), live.select(totals[1], 0.0))
+        if const_expr(lay.two_hop):
+            to = lay.wob_owner(task)
+            at = half_at + lay.rs_pair(rank, token, col) // PAIR_BYTES
+        else:
+            to = -1  # every rank
+            at = half_at + lay.part_pair(rank, token, col) // PAIR_BYTES
+        _put_some(peers, mailbox, lay.tp, to, at, bits, tag, (index < pairs) & (token < lay.rows))
+    gpu.barrier()  # lds_acc is free again
+
+
+@dsl
+def _put_some(peers, mailbox, tp, to, at, bits, tag, valid):
+    """Pair `at` := (bits, tag) in peer `to`'s buffer, or in every peer's when `to` is -1."""
+    if valid:
+        for p in range_constexpr(tp):
+            if (to == p) | (to == -1):
+                _put(_peer_pointer(peers, mailbox, p), at, bits, tag)
+
+
+def _reduce_row(lay, chunk, row, live, mailbox, peers, half_at, rank, tag, y, tid):
+    """S7, threads 0..63: columns 2 tid, 2 tid + 1 of the chunk for `row`, all-reduced, into
+    LDS y (0 for a pad row). Two hops: the chunk's owner sums RS and pushes the bf16 sums to
+    every rank's AG (pad rows too); the others read AG."""
+    col = chunk * SEAM_CHUNK + 2 * tid
+    if lay.two_hop:
+        sources = [half_at + lay.rs_pair(src, row, col) // PAIR_BYTES for src in range(lay.tp)]
+        gathered = half_at + lay.ag_pair(row, col) // PAIR_BYTES
+        _reduce_two_hops(lay.seam_owner(chunk) == rank, live, sources, gathered, mailbox, peers, lay.tp, tag, y,
+                         tid)
+    else:
+        sources = [half_at + lay.part_pair(src, row, col) // PAIR_BYTES for src in range(lay.tp)]
+        _reduce_one_hop(live, sources, mailbox, tag, y, tid)
+    gpu.barrier()
+
+
+@dsl
+def _reduce_one_hop(live, sources, mailbox, tag, y, tid):
+    if tid < SEAM_CHUNK // 2:
+        lo, hi = fx.Float32(0.0), fx.Float32(0.0)
+        if live:
+            lo, hi = _sum_in_rank_order(_poll(mailbox, sources, tag))
+        fx.memref_store(bf16_round(lo), y, 2 * tid)
+        fx.memref_store(bf16_round(hi), y, 2 * tid + 1)
+
+
+@dsl
+def _reduce_two_hops(owner, live, sources, gathered, mailbox, peers, tp, tag, y, tid):
+    if tid < SEAM_CHUNK // 2:
+        lo, hi = fx.Float32(0.0), fx.Float32(0.0)
+        if live:  # one poll either way: the owner's RS pairs, or the AG pair (read tp times)
+            words = _poll(mailbox, [owner.select(source, gathered) for source in sources], tag)
+            summed, taken = _sum_in_rank_order(words), _bf16_pair_f32(words[0])
+            lo, hi = owner.select(summed[0], taken[0]), owner.select(summed[1], taken[1])
+        if owner:  # to every rank's AG, its own too (it never reads its own columns there)
+            bits = _bf16_pair_bits(lo, hi)
+            for p in range_constexpr(tp):
+                _put(_peer_pointer(peers, mailbox, p), gathered, bits, tag)
+        fx.memref_store(bf16_round(lo), y, 2 * tid)
+        fx.memref_store(bf16_round(hi), y, 2 * tid + 1)
+
+
+# -- the kernel ------------------------------------------------------------------------------
+
+ALL_STAGES = frozenset(range(1, 9))
+
+
+def make_kernel(lay: K2Layout, stages: frozenset[int] = ALL_STAGES):
+    """The K2 part-one kernel with the given stages (all of them for K2 itself); a subset is a
+    standalone launch of those stages that reads its inputs from the buffers as the caller
+    prepared them (k1/kernel.make_kernel), for the per-stage tests on a GPU."""
+    rows, row_tiles, csa = lay.rows, lay.seam.row_tiles, lay.ratio == model.CSA_RATIO
+    wob_steps = lay.o_width // TILE_K
+    woa_steps = HEADS_PER_GROUP * HEAD_DIM // TILE_K // WOA_PARTS
+    half_words = lay.half_bytes // PAIR_BYTES
+
+    @flyc.kernel
+    def k2_kernel(Positions: fx.Tensor, SlotMapping: fx.Tensor, SwaIdx: fx.Tensor, SwaLens: fx.Tensor,
+                  TopK: fx.Tensor, TokReq: fx.Tensor, BlockTable: fx.Tensor, SwaCache: fx.Tensor,
+                  CompCache: fx.Tensor, Weights: fx.Tensor, State: fx.Tensor,
+                  Sync: fx.Tensor, Work: fx.Tensor, Mailbox: fx.Tensor, Peers: fx.Tensor,
+                  m: fx.Int32, rank: fx.Int32, swa_page_stride: fx.Int32, swa_block: fx.Int32,
+                  comp_page_stride: fx.Int32, comp_block: fx.Int32, bt_stride: fx.Int32, per_page: fx.Int32):
+        m = fx.min(fx.max(m, 0), rows)  # a bad m must not write past the bucket or wait on other flags
+        tid = fx.thread_idx.x
+        lane = tid % WAVE
+        wave = tid // WAVE
+        cta = fx.block_idx.x
+        shared = fx.SharedAllocator().allocate(_Shared).peek()
+        red = shared.red.view(fx.make_layout(LDS_RED_WORDS, 1))
+        gate = shared.gate.view(fx.make_layout(LDS_GATE_WORDS, 1))
+        lds_acc = shared.acc.view(fx.make_layout(LDS_ACC_WORDS, 1))
+        y = shared.y.view(fx.make_layout(LDS_Y_WORDS, 1))
+        lds_peers = shared.peers.view(fx.make_layout(2 * PEERS, 1))
+        tag = step_tag(Sync)
+        half_at = ((tag - 1) & 1) * half_words  # the peer half of this launch's epoch parity
+        arrive(Sync, tid)
+        if const_expr((6 in stages) | (7 in stages)):
+            _stage_peer_addresses(Peers, lds_peers, tid)
+
+        work = fx.get_iter(Work)  # its three regions, each view bounded by its region's size
+        f32 = typed_view(work, fx.Float32, lay.f32_words)
+        f32x4 = typed_view(work, fx.Float32, lay.f32_words, 4)
+        i32 = typed_view(work + lay.i32_at // 4, fx.Int32, lay.i32_words)
+        u8 = typed_view(work + lay.u8_at // 4, fx.Uint8, lay.bytes)
+        u8x8 = typed_view(work + lay.u8_at // 4, fx.Uint8, lay.bytes, VEC)
+        u8x16 = typed_view(work + lay.u8_at // 4, fx.Uint8, lay.bytes, 16)
+
+        def weight(name, dtype):
+            """The layer's weight `name` (layout.WEIGHT_TABLE) as a pointer to `dtype`."""
+            return fx.recast_iter(dtype, table_pointer(Weights, WEIGHT_TABLE.index(name), Work))
+
+        def state(name, dtype):
+            """The runner's buffer `name` (layout.STATE_TABLE) as a pointer to `dtype`."""
+            return fx.recast_iter(dtype, table_pointer(State, STATE_TABLE.index(name), Work))
+
+        def layer_int(name):
+            """An integer entry of the layer's table (a weight's stride or layout flag)."""
+            return load_global(Weights, WEIGHT_TABLE.index(name)).to(fx.Int32)
+
+        # ---- S1: key table -------------------------------------------------------------------
+        if const_expr(1 in stages):
+            for row in range(cta, rows, CTAS):
+                if wave == 0:
+                    count, swa = fx.Int32(0), fx.Int32(0)
+                    if row < m:  # slot_mapping holds m rows: read no further
+                        if load_global(SlotMapping, row) >= 0:
+                            count, swa = key_table_row(SwaIdx, SwaLens, TokReq, TopK, BlockTable, i32, row,
+                                                       lay.key_slots + row * lay.keys, lane, lay.topk_width, csa,
+                                                       bt_stride, per_page)
+                    if lane == 0:
+                        store_scalar(i32, lay.key_counts + 2 * row, count, fx.Int32)
+                        store_scalar(i32, lay.key_counts + 2 * row + 1, swa, fx.Int32)
+                publish(Sync, lay.f_keys + row, tag, tid)
+
+        # ---- S2: attention over a key chunk ---------------------------------------------------
+        if const_expr(2 in stages):
+            for task in range(cta, lay.s2_tasks, CTAS):
+                if lay.s2_task(task)[0] < m:
+                    if const_expr(1 in stages):
+                        wait(Sync, *lay.s2_awaits(task), tag, tid)
+                    q = typed_view(state("q", fx.BFloat16), fx.BFloat16, rows * lay.heads * HEAD_DIM, VEC)
+                    _attention_task(lay, task, q, SwaCache, CompCache, i32, f32x4, f32, swa_page_stride,
+                                    swa_block, comp_page_stride, comp_block, tid)
+                publish(Sync, lay.f_attn + task, tag, tid)
+
+        # ---- S3: merge, inverse RoPE, MXFP8 ---------------------------------------------------
+        if const_expr(3 in stages):
+            for task in range(cta, lay.s3_tasks, CTAS):
+                if lay.s3_task(task)[0] < m:
+                    if const_expr(2 in stages):
+                        wait(Sync, *lay.s3_awaits(task), tag, tid)
+                    if wave == 0:
+                        _merge_task(lay, task, weight("attn_sink", fx.Float32), weight("rope", fx.Float32),
+                                    Positions, f32, f32x4, u8x8, u8, lane)
+                publish(Sync, lay.f_merge + task, tag, tid)
+
+        # ---- S4: wo_a -------------------------------------------------------------------------
+        if const_expr(4 in stages):
+            woa_stride = layer_int("woa_stride")
+            w_oa = Fp8Weight(typed_view(weight("w_oa", fx.Uint8), fx.Uint8, lay.o_width * woa_stride, 16),
+                             weight("s_oa", fx.Uint8), HEADS_PER_GROUP * HEAD_DIM, woa_stride,
+                             layer_int("woa_shuffled"))
+            for task in range(cta, lay.s4_tasks, CTAS):
+                if const_expr(3 in stages):
+                    wait(Sync, *lay.s4_awaits(task, m), tag, tid)
+                tile, part = lay.s4_task(task)
+                n0 = tile * TILE_N
+                group = n0 // O_LORA
+                group_k = HEADS_PER_GROUP * HEAD_DIM
+                acts = Mxfp8Rows(u8x16, u8, lay.xo_codes + group * group_k, lay.xo_scales + group * group_k // 32,
+                                 lay.heads * HEAD_DIM)
+                accs = gemv_steps(w_oa, acts, n0, ad.split_steps(part * woa_steps, woa_steps, wave), lane,
+                                  row_tiles)
+                gemv_reduce(accs, lds_acc, tid, wave, lane, WAVES, row_tiles, f32,
+                            lay.woa_raw + part * rows * lay.o_width, lay.o_width, n0, m)
+                publish(Sync, lay.f_woa + task, tag, tid)
+
+        # ---- S5: z = bf16(wo_a), MXFP8 --------------------------------------------------------
+        if const_expr(5 in stages):
+            for row in range(cta, rows, CTAS):
+                if row < m:
+                    if const_expr(4 in stages):
+                        wait(Sync, *lay.s5_awaits(), tag, tid)
+                    _z_quant_row(lay, row, f32x4, u8x8, u8, tid)
+                publish(Sync, lay.f_z + row, tag, tid)
+
+        # ---- S6: wo_b, pushed to the peers ----------------------------------------------------
+        if const_expr(6 in stages):
+            wob_stride = layer_int("wob_stride")
+            w_ob = Fp8Weight(typed_view(weight("w_ob", fx.Uint8), fx.Uint8, H * wob_stride, 16),
+                             weight("s_ob", fx.Uint8), lay.o_width, wob_stride, layer_int("wob_shuffled"))
+            z_mx = Mxfp8Rows(u8x16, u8, lay.z_codes, lay.z_scales, lay.o_width)
+            for task in range(cta, lay.s6_tasks, CTAS):
+                if const_expr(5 in stages):
+                    wait(Sync, *lay.s6_awaits(m), tag, tid)
+                accs = gemv_steps(w_ob, z_mx, task * TILE_N, ad.split_steps(0, wob_steps, wave), lane, row_tiles)
+                _wob_push(lay, task, accs, lds_acc, lds_peers, Mailbox, half_at, rank, tag, m, tid, wave, lane)
+
+        # ---- S7: all-reduce and the FFN seam's fold -------------------------------------------
+        if const_expr(7 in stages):
+            stream = tid // SEAM_CHUNK
+            for task in range(cta, lay.s7_tasks, CTAS):
+                group, chunk = lay.s7_task(task)
+                col = chunk * SEAM_CHUNK + tid % SEAM_CHUNK
+                fn = mix_weights(typed_view(weight("hc_fn", fx.Float32), fx.Float32, MIXES * STREAMS * H), stream,
+                                 col)
+                residual = typed_view(state("residual", fx.BFloat16), fx.BFloat16, rows * STREAMS * H)
+                r_out = typed_view(state("r_out", fx.BFloat16), fx.BFloat16, rows * STREAMS * H)
+                post_in, comb_in = state("post_in", fx.Float32), state("comb_in", fx.Float32)
+                x_at = lambda row: fx.memref_load(y, tid % SEAM_CHUNK)  # noqa: E731
+                first = group * SEAM_GROUP
+                for row in range(first, fx.min(first + SEAM_GROUP, rows)):
+                    live = row < m
+                    _reduce_row(lay, chunk, row, live, Mailbox, lds_peers, half_at, rank, tag, y, tid)
+                    if live:
+                        fold_row(residual, post_in, comb_in, r_out, x_at, fx.Int32(1), fn, red, f32,
+                                 lay.partials + (row * SEAM_CHUNKS + chunk) * PARTIALS, row, col, stream, tid,
+                                 wave, lane)
+                publish(Sync, lay.f_seam + task, tag, tid)
+
+        # ---- S8: the FFN seam's gate, collapse, ffn_norm, MXFP8 -------------------------------
+        if const_expr(8 in stages):
+            for row in range(cta, rows, CTAS):
+                if row < m:
+                    if const_expr(7 in stages):
+                        wait(Sync, *lay.s8_awaits(row), tag, tid)
+                    seam_row(f32, lay.partials + row * SEAM_CHUNKS * PARTIALS, gate, red,
+                             weight("hc_base", fx.Float32), weight("hc_scale", fx.Float32),
+                             state("post_out", fx.Float32), state("comb_out", fx.Float32),
+                             typed_view(state("r_out", fx.BFloat16), fx.BFloat16, rows * STREAMS * H, VEC),
+                             weight("ffn_norm", fx.BFloat16),
+                             typed_view(state("x_norm", fx.BFloat16), fx.BFloat16, rows * H, VEC), u8x8, u8, ad.mx_code_offset(lay.ffn_codes, row, 0, H),
+                             ad.mx_scale_offset(lay.ffn_scales, row, 0, H), row, tid, wave, lane)
+                publish(Sync, lay.f_norm + row, tag, tid)
+
+        leave(Sync, tag, CTAS, tid)
+
+    return k2_kernel
+
+
+def build(spec: Spec, stages: frozenset[int] = ALL_STAGES) -> Build:
+    lay = K2Layout.of(spec)
+    kernel = make_kernel(lay, frozenset(stages))
+
+    @flyc.jit
+    def launch_k2(Positions: fx.Tensor, SlotMapping: fx.Tensor, SwaIdx: fx.Tensor, SwaLens: fx.Tensor,
+                  TopK: fx.Tensor, TokReq: fx.Tensor, BlockTable: fx.Tensor, SwaCache: fx.Tensor,
+                  CompCache: fx.Tensor, Weights: fx.Tensor, State: fx.Tensor,
+                  Sync: fx.Tensor, Work: fx.Tensor, Mailbox: fx.Tensor, Peers: fx.Tensor,
+                  m: fx.Int32, rank: fx.Int32, swa_page_stride: fx.Int32, swa_block: fx.Int32,
+                  comp_page_stride: fx.Int32, comp_block: fx.Int32, bt_stride: fx.Int32, per_page: fx.Int32,
+                  stream: fx.Stream = fx.Stream(None)):
+        kernel(Positions, SlotMapping, SwaIdx, SwaLens, TopK, TokReq, BlockTable, SwaCache, CompCache, Weights, State,
+               Sync, Work, Mailbox, Peers, m, rank,
+               swa_page_stride, swa_block,
+               comp_page_stride, comp_block, bt_stride, per_page).launch(
+            grid=(CTAS, 1, 1), block=(THREADS, 1, 1), smem=PIN_LDS_BYTES, stream=stream)
+
+    return Build(launch_k2, placeholders(lay))
+
+
+def placeholders(lay: K2Layout) -> tuple:
+    """CPU tensors with the bucket's shapes (flat), in argument order, for flyc.compile."""
+    rows = lay.rows
+
+    def empty(n: int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(n, dtype=dtype)
+
+    f32, u8, i32, i64 = torch.float32, torch.uint8, torch.int32, torch.int64
+    block = 64
+    record_page = block * (KV_DATA + KV_SCALES)
+    return (
+        empty(rows, i64), empty(rows, i64), empty(rows * model.SWA_WINDOW, i32), empty(rows, i32),
+        empty(rows * lay.topk_width, i32), empty(rows, i32), empty(rows * 64, i32),
+        empty(4 * record_page, u8), empty(4 * record_page, u8), empty(len(WEIGHT_TABLE), i64),
+        empty(len(STATE_TABLE), i64), empty(lay.sync_words, i32), empty(lay.work_words, f32),
+        empty(lay.peer_bytes // PAIR_BYTES, i64), empty(PEERS, i64),
+        rows, 0, record_page, block, record_page, block, 64, block,
+    )
