@@ -80,7 +80,7 @@ class K2Template(Template):
         "templates/_seam.py", "templates/k1/__init__.py", "templates/k1/layout.py", "templates/k1/addressing.py",
         "templates/k1/reference.py", "templates/keytable/__init__.py", "templates/keytable/kernel.py",
         "templates/keytable/reference.py", "templates/k2/__init__.py", "templates/k2/layout.py",
-        "templates/k2/reference.py", "templates/k2/kernel.py")
+        "templates/k2/reference.py", "templates/k2/addressing.py", "templates/k2/kernel.py")
     kernel_module = ".k2.kernel"
     persistent = True
     budget = Budget(scratch_bytes=0, spills=0)

@@ -60,19 +60,19 @@ from .._seam import fold_row, mix_weights, seam_row
 from .._sync import arrive, leave, publish, step_tag, trap_if, wait
 from ..base import Build
 from ..k1 import addressing as ad
-from ..k1.layout import (CTAS, HEAD_DIM, KV_DATA, KV_SCALE_BLOCK, KV_SCALES, LDS_ACC_WORDS, LDS_GATE_WORDS,
+from ..k1.layout import (CTAS, HEAD_DIM, KV_DATA, KV_SCALES, LDS_ACC_WORDS, LDS_GATE_WORDS,
                          LDS_RED_WORDS, MIXES, NOPE, PARTIALS, SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, STREAMS,
-                         THREADS, TILE_K, TILE_N, WAVES)
+                         THREADS, TILE_N, WAVES)
 from ..keytable.kernel import key_table_row
-from .layout import (HEAD_TILE, HEADS_PER_GROUP, LDS_Y_WORDS, O_LORA, PAIR_BYTES, PEER_POLL_LIMIT,
-                     PIN_LDS_BYTES, STATE_TABLE, WEIGHT_TABLE, WOA_PARTS, K2Layout)
+from . import addressing as k2a
+from .layout import (HEAD_TILE, HEADS_PER_GROUP, LDS_Y_WORDS, PAIR_BYTES, PEER_POLL_LIMIT,
+                     PIN_LDS_BYTES, STATE_TABLE, WEIGHT_TABLE, K2Layout)
 from .reference import SCALE
 
 H = model.HIDDEN
 PEERS = 8  # peer-buffer arguments: always eight, the ones past tp unused (a stable ABI)
 KEY_STEP = 4  # keys whose loads a S2 lane has in flight together
-SLICE = HEAD_DIM // 32  # 16 dims a S2 lane
-NOPE_SLICES = NOPE // SLICE  # 28: the lanes of a head that read e4m3 bytes
+SLICE, NOPE_SLICES = k2a.SLICE, k2a.NOPE_SLICES  # S2: 16 dims a lane; 28 lanes of a head read e4m3
 I32_MASK = 0xFFFFFFFF
 ML_STRIDE = 2 * HEAD_TILE  # K2Layout.attn_ml_at: words from one S2 task's (max, sum) to the next
 ACC_STRIDE = HEAD_TILE * HEAD_DIM  # K2Layout.attn_acc_at: from one S2 task's accumulators to the next
@@ -102,10 +102,10 @@ def _key_slice(data16, data8, slot, page_stride, block, s):
     kv_dequantize). Every byte read through the cache's buffer resource (0 past its end)."""
     data, scales = ad.kv_offsets(slot, block, page_stride)
     rope_lane = s >= NOPE_SLICES
-    at = rope_lane.select(data + NOPE + (s - NOPE_SLICES) * 2 * SLICE, data + s * SLICE)
+    at = k2a.record_piece(data, s)
     first = load(data16, at // 16, fx.Uint8, 16).bitcast(fx.Int32)
     second = load(data16, at // 16 + 1, fx.Uint8, 16).bitcast(fx.Int32)
-    code = load_scalar(data8, scales + fx.min(s, NOPE_SLICES - 1) * SLICE // KV_SCALE_BLOCK, fx.Uint8).to(fx.Int32)
+    code = load_scalar(data8, k2a.record_code(scales, s), fx.Uint8).to(fx.Int32)
     scale = e8m0_scale(code)
     nope = []
     for w in range_constexpr(4):
@@ -160,10 +160,9 @@ def _attention_task(lay, task, q_view, SwaCache, CompCache, i32, f32x4, f32, swa
                     comp_page_stride, comp_block, tid):
     """S2 task `task` = (row, head tile, key chunk): the chunk's state per head to the scratch."""
     row, tile, chunk = lay.s2_task(task)
-    h = tid // 32
-    s = tid % 32
+    h, s = k2a.s2_lane(tid)
     head = fx.min(tile * HEAD_TILE + h, lay.heads - 1)
-    q_at = ((row * lay.heads + head) * HEAD_DIM + s * SLICE) // VEC
+    q_at = k2a.q_chunk(lay, row, head, s)
     q = []
     for half in range_constexpr(2):
         q_part = load(q_view, q_at + half, fx.BFloat16, VEC).to(fx.Float32)
@@ -216,9 +215,7 @@ def _merge_task(lay, task, attn_sink, rope, Positions, f32, f32x4, u8x8, u8, lan
     position = load_global(Positions, row).to(fx.Int32)
     turned = rope8(o, rope, position, fx.max(lane - nope_lanes, 0) * (VEC // 2), inverse=True)
     o = [(lane >= nope_lanes).select(turned[e], o[e]) for e in range_constexpr(VEC)]
-    width = lay.heads * HEAD_DIM
-    mx_store(o, u8x8, u8, lay.xo_codes + row * width + head * HEAD_DIM,
-             lay.xo_scales + (row * width + head * HEAD_DIM) // 32, lane, lane < WAVE)
+    mx_store(o, u8x8, u8, *k2a.xo_row(lay, row, head), lane, lane < WAVE)
 
 
 @dsl
@@ -232,8 +229,7 @@ def _z_quant_row(lay, row, f32x4, u8x8, u8, tid):
         first = load8_f32(f32x4, lay.woa_raw + row * lay.o_width + at)
         second = load8_f32(f32x4, lay.woa_raw + (lay.rows + row) * lay.o_width + at)
         z = [bf16_round(first[e] + second[e]) for e in range_constexpr(VEC)]
-        mx_store(z, u8x8, u8, lay.z_codes + row * lay.o_width, lay.z_scales + row * lay.o_width // 32,
-                 valid.select(chunk, 0), valid)
+        mx_store(z, u8x8, u8, *k2a.z_row(lay, row), valid.select(chunk, 0), valid)
 
 
 # -- the all-reduce's pairs ---------------------------------------------------------------------
@@ -319,21 +315,17 @@ def _wob_push(lay, task, accs, lds_acc, peers, mailbox, half_at, rank, tag, m, t
             fx.memref_store(accs[t][e], lds_acc, ad.lds_acc_slot(wave, t, lane, e, row_tiles))
     gpu.barrier()
     pairs = row_tiles * WAVE * 2
-    n0 = task * TILE_N
     for rep in range_constexpr((pairs + THREADS - 1) // THREADS):
         index = tid + rep * THREADS
-        t = fx.min(index // (WAVE * 2), row_tiles - 1)
-        src_lane = index % (WAVE * 2) // 2
-        e0 = index % 2 * 2
+        t, src_lane, e0, real = k2a.wob_pair(index, row_tiles)
+        t = fx.min(t, row_tiles - 1)  # spare slots read a real accumulator and push nothing
         totals = []
         for e in range_constexpr(2):
             total = fx.Float32(0.0)
             for w in range_constexpr(WAVES):
                 total = total + fx.memref_load(lds_acc, ad.lds_acc_slot(w, t, src_lane, e0 + e, row_tiles))
             totals.append(total)
-        column, token_in_tile = ad.result_lane(src_lane, e0)
-        token = t * TILE_N + token_in_tile
-        col = n0 + column
+        token, col = k2a.wob_pair_target(task, src_lane, e0, t)
         live = token < m
         bits = _bf16_pair_bits(live.select(totals[0], 0.0), live.select(totals[1], 0.0))
         if const_expr(lay.two_hop):
@@ -342,7 +334,7 @@ def _wob_push(lay, task, accs, lds_acc, peers, mailbox, half_at, rank, tag, m, t
         else:
             to = -1  # every rank
             at = half_at + lay.part_pair(rank, token, col) // PAIR_BYTES
-        _put_some(peers, mailbox, lay.tp, to, at, bits, tag, (index < pairs) & (token < lay.rows))
+        _put_some(peers, mailbox, lay.tp, to, at, bits, tag, real & (token < lay.rows))
     gpu.barrier()  # lds_acc is free again
 
 
@@ -407,8 +399,6 @@ def make_kernel(lay: K2Layout, stages: frozenset[int] = ALL_STAGES):
     standalone launch of those stages that reads its inputs from the buffers as the caller
     prepared them (k1/kernel.make_kernel), for the per-stage tests on a GPU."""
     rows, row_tiles, csa = lay.rows, lay.seam.row_tiles, lay.ratio == model.CSA_RATIO
-    wob_steps = lay.o_width // TILE_K
-    woa_steps = HEADS_PER_GROUP * HEAD_DIM // TILE_K // WOA_PARTS
     half_words = lay.half_bytes // PAIR_BYTES
 
     @flyc.kernel
@@ -501,14 +491,9 @@ def make_kernel(lay: K2Layout, stages: frozenset[int] = ALL_STAGES):
             for task in range(cta, lay.s4_tasks, CTAS):
                 if const_expr(3 in stages):
                     wait(Sync, *lay.s4_awaits(task, m), tag, tid)
-                tile, part = lay.s4_task(task)
-                n0 = tile * TILE_N
-                group = n0 // O_LORA
-                group_k = HEADS_PER_GROUP * HEAD_DIM
-                acts = Mxfp8Rows(u8x16, u8, lay.xo_codes + group * group_k, lay.xo_scales + group * group_k // 32,
-                                 lay.heads * HEAD_DIM)
-                accs = gemv_steps(w_oa, acts, n0, ad.split_steps(part * woa_steps, woa_steps, wave), lane,
-                                  row_tiles)
+                n0, part, group = k2a.woa_task(lay, task)
+                acts = Mxfp8Rows(u8x16, u8, *k2a.woa_operand(lay, group))
+                accs = gemv_steps(w_oa, acts, n0, k2a.woa_steps(part, wave), lane, row_tiles)
                 gemv_reduce(accs, lds_acc, tid, wave, lane, WAVES, row_tiles, f32,
                             lay.woa_raw + part * rows * lay.o_width, lay.o_width, n0, m)
                 publish(Sync, lay.f_woa + task, tag, tid)
@@ -531,7 +516,7 @@ def make_kernel(lay: K2Layout, stages: frozenset[int] = ALL_STAGES):
             for task in range(cta, lay.s6_tasks, CTAS):
                 if const_expr(5 in stages):
                     wait(Sync, *lay.s6_awaits(m), tag, tid)
-                accs = gemv_steps(w_ob, z_mx, task * TILE_N, ad.split_steps(0, wob_steps, wave), lane, row_tiles)
+                accs = gemv_steps(w_ob, z_mx, task * TILE_N, k2a.wob_steps(lay, wave), lane, row_tiles)
                 _wob_push(lay, task, accs, lds_acc, lds_peers, Mailbox, half_at, rank, tag, m, tid, wave, lane)
 
         # ---- S7: all-reduce and the FFN seam's fold -------------------------------------------
