@@ -42,6 +42,18 @@ def warm_cache(golden_cache, tmp_path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def k2_cache(tmp_path_factory) -> Path:
+    """A cache holding K2 for every standard bucket and both ratios at TP8 (the deployment's K2
+    grid, HCA at its default width)."""
+    root = tmp_path_factory.mktemp("k2") / "cache"
+    specs = [Spec(8, ratio, width, t) for ratio, width in ((4, 1024), (128, 8192)) for t in STANDARD_MAX_TOKENS]
+    summary, _ = prebuild([get("k2")], specs, settings_at(root), jobs=2, timeout=900)
+    assert not summary.failed, json.dumps(summary.failed, indent=1)[:4000]
+    assert summary.compiled == len(specs)
+    return root
+
+
+@pytest.fixture(scope="session")
 def k1_cache(tmp_path_factory) -> Path:
     """A cache holding K1 for every standard bucket at TP8 (a runner's whole K1 grid)."""
     root = tmp_path_factory.mktemp("k1") / "cache"

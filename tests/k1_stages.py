@@ -1,5 +1,5 @@
-"""Compiling K1's standalone stage launches (kernel.build(spec, stages)) in a worker, as the
-gfx950 stage tests launch them. Not templates: they never enter the cache or prebuild."""
+"""Compiling K1's and K2's standalone stage launches (kernel.build(spec, stages)) in a worker,
+as the gfx950 stage tests launch them. Not templates: they never enter the cache or prebuild."""
 
 from __future__ import annotations
 
@@ -9,21 +9,26 @@ from mono_jit.toolchain import compile_environment, resolve_toolchain
 from mono_jit.workers import WorkerPool
 
 
-def compile_stages(spec_data: dict, stages: tuple[int, ...]) -> tuple[bytes, list[dict]]:
-    """(HSACO, launches) of the K1 kernel holding only `stages`; runs inside a worker."""
+STAGES = {"k1": range(1, 7), "k2": range(1, 9)}
+
+
+def compile_stages(template: str, spec_data: dict, stages: tuple[int, ...]) -> tuple[bytes, list[dict]]:
+    """(HSACO, launches) of the template's kernel holding only `stages`; runs inside a worker."""
+    import importlib
+
     import flydsl.compiler as flyc
 
     from mono_jit.compiler import extract
-    from mono_jit.templates.k1.kernel import build
 
+    build = importlib.import_module(f"mono_jit.templates.{template}.kernel").build
     built = build(Spec.from_dict(spec_data), frozenset(stages))
     return extract(flyc.compile(built.launcher, *built.placeholders)._keepalive.ir)
 
 
-def compile_each_stage(spec: Spec, jobs: int = 2) -> dict[int, tuple[bytes, list[dict]]]:
+def compile_each_stage(spec: Spec, template: str = "k1", jobs: int = 2) -> dict[int, tuple[bytes, list[dict]]]:
     env = compile_environment(resolve_toolchain(Settings()), spec.arch)
     with WorkerPool(jobs, env, compile_stages, timeout=600) as pool:
-        outcomes = list(pool.run((stage, (spec.as_dict(), (stage,))) for stage in range(1, 7)))
+        outcomes = list(pool.run((stage, (template, spec.as_dict(), (stage,))) for stage in STAGES[template]))
     failed = [o for o in outcomes if o.status != "ok"]
     assert not failed, [(o.job_id, o.status, o.value) for o in failed]
     return {o.job_id: o.value for o in outcomes}

@@ -402,8 +402,8 @@ def make_kernel(lay: K2Layout, stages: frozenset[int] = ALL_STAGES):
     half_words = lay.half_bytes // PAIR_BYTES
 
     @flyc.kernel
-    def k2_kernel(Positions: fx.Tensor, SlotMapping: fx.Tensor, SwaIdx: fx.Tensor, SwaLens: fx.Tensor,
-                  TopK: fx.Tensor, TokReq: fx.Tensor, BlockTable: fx.Tensor, SwaCache: fx.Tensor,
+    def k2_kernel(Positions: fx.Tensor, SlotMapping: fx.Tensor, SwaIndices: fx.Tensor, SwaLens: fx.Tensor,
+                  TopK: fx.Tensor, TokenReq: fx.Tensor, BlockTable: fx.Tensor, SwaCache: fx.Tensor,
                   CompCache: fx.Tensor, Weights: fx.Tensor, State: fx.Tensor,
                   Sync: fx.Tensor, Work: fx.Tensor, Mailbox: fx.Tensor, Peers: fx.Tensor,
                   m: fx.Int32, rank: fx.Int32, swa_page_stride: fx.Int32, swa_block: fx.Int32,
@@ -452,7 +452,7 @@ def make_kernel(lay: K2Layout, stages: frozenset[int] = ALL_STAGES):
                     count, swa = fx.Int32(0), fx.Int32(0)
                     if row < m:  # slot_mapping holds m rows: read no further
                         if load_global(SlotMapping, row) >= 0:
-                            count, swa = key_table_row(SwaIdx, SwaLens, TokReq, TopK, BlockTable, i32, row,
+                            count, swa = key_table_row(SwaIndices, SwaLens, TokenReq, TopK, BlockTable, i32, row,
                                                        lay.key_slots + row * lay.keys, lane, lay.topk_width, csa,
                                                        bt_stride, per_page)
                     if lane == 0:
@@ -566,14 +566,14 @@ def build(spec: Spec, stages: frozenset[int] = ALL_STAGES) -> Build:
     kernel = make_kernel(lay, frozenset(stages))
 
     @flyc.jit
-    def launch_k2(Positions: fx.Tensor, SlotMapping: fx.Tensor, SwaIdx: fx.Tensor, SwaLens: fx.Tensor,
-                  TopK: fx.Tensor, TokReq: fx.Tensor, BlockTable: fx.Tensor, SwaCache: fx.Tensor,
+    def launch_k2(Positions: fx.Tensor, SlotMapping: fx.Tensor, SwaIndices: fx.Tensor, SwaLens: fx.Tensor,
+                  TopK: fx.Tensor, TokenReq: fx.Tensor, BlockTable: fx.Tensor, SwaCache: fx.Tensor,
                   CompCache: fx.Tensor, Weights: fx.Tensor, State: fx.Tensor,
                   Sync: fx.Tensor, Work: fx.Tensor, Mailbox: fx.Tensor, Peers: fx.Tensor,
                   m: fx.Int32, rank: fx.Int32, swa_page_stride: fx.Int32, swa_block: fx.Int32,
                   comp_page_stride: fx.Int32, comp_block: fx.Int32, bt_stride: fx.Int32, per_page: fx.Int32,
                   stream: fx.Stream = fx.Stream(None)):
-        kernel(Positions, SlotMapping, SwaIdx, SwaLens, TopK, TokReq, BlockTable, SwaCache, CompCache, Weights, State,
+        kernel(Positions, SlotMapping, SwaIndices, SwaLens, TopK, TokenReq, BlockTable, SwaCache, CompCache, Weights, State,
                Sync, Work, Mailbox, Peers, m, rank,
                swa_page_stride, swa_block,
                comp_page_stride, comp_block, bt_stride, per_page).launch(

@@ -1,0 +1,143 @@
+"""Static gates of K2 part one for every max-tokens bucket and ratio at TP8: it compiles for
+gfx950 through the service, fits the persistent grid (one CTA a CU, two waves a SIMD) with no
+scratch and no spilled register, and its ISA holds what the design relies on: the scaled MFMAs
+of wo_a and wo_b, system-scope (SC0 SC1) 8-byte pair stores and polls for the all-reduce,
+agent-scope hand-offs, the traps, hardware fp8 conversions. No GPU needed; tests/test_gpu_k2.py
+runs the kernel."""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import pytest
+from cache_settings import settings_at
+
+from mono_jit.cache.store import Store
+from mono_jit.config import Settings
+from mono_jit.hsaco import read_metadata
+from mono_jit.isa import disassemble, find_objdump, instruction_counts
+from mono_jit.resources import LDS_PER_CU
+from mono_jit.spec import STANDARD_MAX_TOKENS, Spec
+from mono_jit.templates import get
+from mono_jit.templates.k2.layout import PIN_LDS_BYTES, STATIC_LDS_BYTES, K2Layout
+
+RATIOS = {4: 1024, 128: 8192}
+BUILDS = [(ratio, rows) for ratio in RATIOS for rows in STANDARD_MAX_TOKENS]
+# Upstream's K2 (vLLM 0.33's in-tree mono, FlyDSL 0.5.0, this machine kind): 256 VGPRs, 9-86
+# spilled VGPRs and up to 196 B of scratch across widths 1-64 (issue 10's figures).
+UPSTREAM_VGPRS = 256
+
+
+@pytest.fixture(scope="session")
+def k2_builds(k2_cache):
+    """{(ratio, max_tokens): (meta, hsaco, listing)} for K2 at TP8, compiled once per session."""
+    settings = settings_at(k2_cache)
+    objdump = find_objdump(Settings())
+    builds = {}
+    for entry in Store(settings).entries():
+        assert not isinstance(entry, tuple), entry
+        spec = entry.meta["spec"]
+        builds[(spec["ratio"], spec["max_tokens"])] = (entry.meta, entry.hsaco, disassemble(entry.hsaco, objdump))
+    return builds
+
+
+def _id(build):
+    return f"r{build[0]}-m{build[1]}"
+
+
+@pytest.mark.parametrize("build", BUILDS, ids=_id)
+def test_k2_build_fits_the_persistent_grid_without_spills(k2_builds, build):
+    meta, hsaco, _ = k2_builds[build]
+    assert meta["launch"] == {"grid": [256, 1, 1], "block": [512, 1, 1], "dynamic_lds": PIN_LDS_BYTES}
+    assert meta["persistent"] is True
+    (kernel,) = read_metadata(hsaco)[1]
+    assert kernel.scratch == 0 and kernel.vgpr_spills == 0 and kernel.sgpr_spills == 0
+    assert kernel.reqd_workgroup_size == (512, 1, 1)
+    residency = meta["residency"][kernel.name]
+    assert residency["ctas_per_cu"] == 1 and residency["waves_per_simd"] == 2
+    assert kernel.lds == STATIC_LDS_BYTES and residency["lds_bytes"] > LDS_PER_CU // 2
+    assert kernel.vgpr + kernel.agpr < UPSTREAM_VGPRS
+    # The kernarg block is the contract: 15 tensors (pointer + i32 length) and 8 i32.
+    assert len(kernel.args) == 15 * 2 + 8
+    assert [a["name"] for a in meta["arguments"]][-8:] == [
+        "m", "rank", "swa_page_stride", "swa_block", "comp_page_stride", "comp_block", "bt_stride", "per_page"]
+
+
+@pytest.mark.parametrize("build", BUILDS, ids=_id)
+def test_k2_isa_has_the_instructions_the_design_relies_on(k2_builds, build):
+    _, _, listing = k2_builds[build]
+    counts = instruction_counts(listing)
+    lay = K2Layout(8, build[0], RATIOS[build[0]], build[1])
+    row_tiles = lay.seam.row_tiles
+    # wo_a: 16 K steps a task over 8 waves; wo_b: o_width / 128 = 16 over 8: 2 + 2 a row tile
+    assert counts["v_mfma_scale_f32_16x16x128_f8f6f4"] == (2 + 2) * row_tiles
+    lines = listing.splitlines()
+    pair_stores = [line for line in lines if "global_store_dwordx2" in line]
+    polls = [line for line in lines if "global_load_dwordx2" in line and "sc0 sc1" in line]
+    # every 8-byte store is a (value, tag) push at system scope; the polls read at system scope
+    assert pair_stores and all("sc0 sc1" in line for line in pair_stores)
+    pushes_a_site = 1 if lay.two_hop else lay.tp  # one owner, or every rank
+    assert len(pair_stores) >= pushes_a_site
+    assert len(polls) >= (1 if lay.two_hop else lay.tp)
+    assert counts["buffer_wbl2"] >= 7 and counts["buffer_inv"] >= 6  # release a publish, acquire a wait
+    assert "sc1" in next(line for line in lines if "buffer_wbl2" in line)  # agent scope
+    assert counts["global_atomic_add"] >= 2  # the arrival and exit counters
+    assert counts["s_trap"] >= 2 and "s_trap 2" in listing  # a dirty area; a peer that never came
+    assert counts["v_cvt_pk_f32_fp8_e32"] + counts["v_cvt_pk_f32_fp8"] >= 8  # the records' e4m3
+    assert counts["v_cvt_pk_fp8_f32"] >= 8  # MXFP8 of o, z and the normed row
+    assert not [m for m in counts if m.startswith("scratch_")]
+    assert not re.search(r"s_mov_b32 s\d+, -1\s", listing)  # every buffer resource has a real size
+
+
+def test_k2_key_reads_tp_ratio_width_and_max_tokens():
+    k2 = get("k2")
+    assert k2.key_spec(Spec(8, 4, 1024, 8)) != k2.key_spec(Spec(8, 128, 8192, 8))
+    assert k2.key_spec(Spec(8, 128, 8192, 8)) != k2.key_spec(Spec(8, 128, 4096, 8))
+    assert k2.key_spec(Spec(8, 4, 1024, 8)) != k2.key_spec(Spec(8, 4, 1024, 16))
+    assert not k2.serves and "part two" in k2.not_serving
+
+
+def test_k2_argument_contract_matches_the_launcher_and_placeholders():
+    spec = Spec(8, 128, 8192, 8)
+    build = get("k2").build(spec)
+    params = [p for p in inspect.signature(build.launcher.func).parameters if p != "stream"]
+    contract = get("k2").arguments(spec)
+    assert [a.name.replace("_", "") for a in contract] == [p.lower().replace("_", "") for p in params]
+    assert len(build.placeholders) == len(contract)
+    for argument, placeholder in zip(contract, build.placeholders):
+        if argument.kind == "tensor":
+            assert str(placeholder.dtype) == f"torch.{argument.dtype}", argument.name
+        else:
+            assert isinstance(placeholder, int), argument.name
+
+
+def test_k2_grid_and_the_deployment_stay_under_40_kernels():
+    from mono_jit.runtime.kernels import layer_grid
+
+    grid = layer_grid(8, 8192)
+    assert len([g for g in grid if g.template == "k2"]) == 2 * len(STANDARD_MAX_TOKENS)
+    assert len(grid) < 40
+
+
+@pytest.fixture(scope="module")
+def stage_builds():
+    from k1_stages import compile_each_stage
+
+    return compile_each_stage(Spec(8, 4, 1024, 32), "k2")
+
+
+@pytest.mark.parametrize("stage", range(1, 9))
+def test_each_k2_stage_has_a_standalone_launch(stage_builds, stage):
+    """Every stage also builds alone, for the per-stage tests on a GPU: it waits on nothing it
+    did not produce (a lone S7 still polls its peers' pairs), publishes its flags, advances the
+    epoch, and the GEMV stages keep their MFMAs (2 a wave and row tile, 2 row tiles at 32 rows)."""
+    hsaco, launches = stage_builds[stage]
+    assert launches == [{"kernel": "k2_kernel_0", "grid": [256, 1, 1], "block": [512, 1, 1],
+                         "dynamic_lds": PIN_LDS_BYTES}]
+    (kernel,) = read_metadata(hsaco)[1]
+    assert kernel.scratch == 0 and kernel.vgpr_spills == 0 and kernel.sgpr_spills == 0
+    counts = instruction_counts(disassemble(hsaco, find_objdump(Settings())))
+    assert counts["global_atomic_add"] >= 1
+    assert counts["v_mfma_scale_f32_16x16x128_f8f6f4"] == {4: 2 * 2, 6: 2 * 2}.get(stage, 0)
+    assert (counts["s_sleep"] > 0) == (stage == 7), "only the all-reduce's poll may wait in a lone stage"
