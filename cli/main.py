@@ -10,7 +10,7 @@ import logging
 
 import click
 
-from . import build_cmds, gpu_cmds, info_cmds, store_cmds
+from . import build_cmds, gpu_cmds, info_cmds, remote_cmds, store_cmds
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -22,7 +22,7 @@ def main(verbose: bool) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="mono-jit: %(message)s")
 
 
-for module in (build_cmds, store_cmds, info_cmds, gpu_cmds):
+for module in (build_cmds, store_cmds, info_cmds, gpu_cmds, remote_cmds):
     for command in module.COMMANDS:
         main.add_command(command)
 

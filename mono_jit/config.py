@@ -59,6 +59,18 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _remote(text: str) -> object:
+    from mono_jit.cache.oci.reference import parse_reference  # only when MONO_JIT_REMOTE is set
+
+    return parse_reference(text)
+
+
+def _insecure(text: str) -> tuple[str, ...]:
+    from mono_jit.cache.oci.reference import insecure_hosts
+
+    return insecure_hosts(text)
+
+
 def _backend(text: str) -> str:
     if text not in ("hip", "reference"):
         raise ValueError(f"expected 'hip' or 'reference', got {text!r}")
@@ -86,6 +98,14 @@ _TABLE: tuple[tuple[str, str, Callable[[str], object], Callable[[], object], str
      "folder of AMDGPU device bitcode (ocml.bc ...) (default: searched)"),
     ("vllm_plugin", "MONO_JIT_VLLM", _flag, lambda: True,
      "serve vLLM's --monokernel runner with mono-jit's (0: leave vLLM's own in place)"),
+    ("remote", "MONO_JIT_REMOTE", _remote, lambda: None,
+     "OCI reference a miss is fetched from before compiling (e.g. registry.example/team/mono-jit:dsv4-pro-tp8)"),
+    ("remote_push", "MONO_JIT_REMOTE_PUSH", _flag, lambda: False,
+     "push what a miss compiled to MONO_JIT_REMOTE"),
+    ("remote_insecure", "MONO_JIT_REMOTE_INSECURE", _insecure, tuple,
+     "registries (host:port, comma-separated) reached over plain HTTP; every other one needs HTTPS"),
+    ("remote_timeout", "MONO_JIT_REMOTE_TIMEOUT", _seconds, lambda: 10.0,
+     "seconds one registry request may take before the registry counts as down"),
     ("backend", "MONO_JIT_BACKEND", _backend, lambda: "hip",
      "how the runner runs the kernels: hip (the cached code objects) or reference (their torch references)"),
 )

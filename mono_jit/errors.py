@@ -43,3 +43,11 @@ class UntrustedRoot(MonoJitError):
 
 class BundleError(MonoJitError):
     """An export bundle is malformed, tampered with or of an unknown schema."""
+
+
+class RemoteError(MonoJitError):
+    """The registry tier (push, pull, MONO_JIT_REMOTE) failed: bad artifact, refused request."""
+
+
+class RemoteUnavailable(RemoteError):
+    """The registry could not be reached or did not answer in time (not worth asking again)."""

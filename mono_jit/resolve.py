@@ -94,7 +94,14 @@ class _Session:
 
     def __init__(self, settings: Settings | None, store: Store | None) -> None:
         self.settings = settings or Settings()
-        self.store = store or Store(self.settings, read_only=bool(self.settings.offline))
+        # The registry tier (MONO_JIT_REMOTE) may fill a miss even offline, so it needs the
+        # writable layer; offline without it, nothing is written.
+        self.remote = None
+        if self.settings.remote is not None:
+            from mono_jit.cache.oci.tier import RemoteTier
+
+            self.remote = RemoteTier(self.settings)
+        self.store = store or Store(self.settings, read_only=bool(self.settings.offline) and self.remote is None)
         try:
             self.toolchain: Toolchain | None = resolve_toolchain(self.settings)
             self.unavailable: ToolchainError | None = None
@@ -125,20 +132,29 @@ class _Session:
         entry = store.lookup(job.key, job.arch)
         if entry is not None:
             return Resolved(entry, compiled=False)
-        if settings.offline:
-            raise OfflineMiss(
-                f"{job.label} [{spec.label()}] is not in the cache (key {job.key[:16]}) and MONO_JIT_OFFLINE=1; "
-                f"fill it with: {prebuild_command(job)}  (mono-jit explain shows why it missed)"
-            )
+        if settings.offline and self.remote is None:
+            raise _offline_miss(job)
         from mono_jit.cache.lock import single_flight  # only a miss needs it
 
         with single_flight(settings.locks(), job.key, settings.lock_timeout, job.label,  # type: ignore[arg-type]
                            bool(settings.allow_shared_roots)):
-            entry = store.lookup(job.key, job.arch)
+            entry = store.lookup(job.key, job.arch) or self._fetch(job)
             if entry is not None:
                 return Resolved(entry, compiled=False)
+            if settings.offline:
+                raise _offline_miss(job)
             env = compile_environment(self.toolchain, spec.arch)  # type: ignore[arg-type]
-            return Resolved(compile_job(job, store, env, settings.compile_timeout), compiled=True)
+            entry = compile_job(job, store, env, settings.compile_timeout)
+            if self.remote is not None:
+                self.remote.offer(entry, job.label)
+            return Resolved(entry, compiled=True)
+
+    def _fetch(self, job: BuildJob) -> Entry | None:
+        """The registry tier's copy of a missing key (the caller holds its lock), or None."""
+        if self.remote is None:
+            return None
+        then = "MONO_JIT_OFFLINE=1: not compiling it" if self.settings.offline else "compiling it here"
+        return self.remote.fetch(self.store, job.key, job.arch, job.label, then)
 
     def _without_toolchain(self, template: Template, spec: Spec) -> Resolved:
         """No toolchain to fingerprint here (a serving host without FlyDSL or ld.lld): look the
@@ -154,10 +170,40 @@ class _Session:
             if entry is not None:
                 done = self._by_key[job.key] = Resolved(entry, compiled=False)
                 return done
+        fetched = self._fetch_without_toolchain(template, spec)
+        if fetched is not None:
+            return fetched
         raise ToolchainError(
             f"{template.name} [{spec.label()}] is in no cache layer under any recorded toolchain, and it cannot "
             f"be compiled here: {self.unavailable}"
         )
+
+
+    def _fetch_without_toolchain(self, template: Template, spec: Spec) -> Resolved | None:
+        """With no toolchain here, the registry tier's entry under a toolchain its manifest
+        records (fetched under the key's lock), or None."""
+        if self.remote is None:
+            return None
+        from mono_jit.cache.lock import single_flight
+
+        for fingerprint in self.remote.fingerprints(spec.arch):
+            job = self.plan(template, spec, fingerprint)
+            if not self.remote.lists(job.key):
+                continue
+            with single_flight(self.settings.locks(), job.key, self.settings.lock_timeout,  # type: ignore[arg-type]
+                               job.label, bool(self.settings.allow_shared_roots)):
+                entry = self.store.lookup(job.key, job.arch) or self._fetch(job)
+            if entry is not None:
+                done = self._by_key[job.key] = Resolved(entry, compiled=False)
+                return done
+        return None
+
+
+def _offline_miss(job: BuildJob) -> OfflineMiss:
+    return OfflineMiss(
+        f"{job.label} [{job.spec.label()}] is not in the cache (key {job.key[:16]}) and MONO_JIT_OFFLINE=1; "
+        f"fill it with: {prebuild_command(job)}  (mono-jit explain shows why it missed)"
+    )
 
 
 def _disk_error(exc: OSError, settings: Settings | None) -> MonoJitError:
