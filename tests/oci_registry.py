@@ -157,3 +157,43 @@ def registry_available() -> str | None:
         return ("Debian's docker-registry is not installed (bash scripts/setup.sh installs it; "
                 "apt-get install docker-registry)")
     return None
+
+
+# -- fixtures (imported by the tests/test_remote_*.py modules) ------------------------------------
+
+import itertools  # noqa: E402
+
+import pytest  # noqa: E402
+
+_REPOS = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def oci_registry(tmp_path_factory):
+    """One docker-registry for the module; skipped only where the binary is absent, and never in CI
+    (CI=true), where scripts/setup.sh must have installed it."""
+    reason = registry_available()
+    if reason is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the registry tests: {reason}")
+        pytest.skip(reason)
+    registry = LocalRegistry(tmp_path_factory.mktemp("registry"))
+    yield registry
+    registry.stop()
+
+
+@pytest.fixture
+def oci_proxy(oci_registry):
+    proxy = Proxy(oci_registry.host)
+    yield proxy
+    proxy.stop()
+
+
+def new_ref(proxy: Proxy, tag: str = "t") -> str:
+    """A reference to a repository no other test uses, through the proxy."""
+    return f"{proxy.host}/mono-jit/case{next(_REPOS)}-{os.getpid()}:{tag}"
+
+
+def remote_env(proxy: Proxy, ref: str, **extra: str) -> dict[str, str]:
+    """MONO_JIT_* settings for the read-through tier through `proxy` (plain HTTP: named insecure)."""
+    return {"MONO_JIT_REMOTE": ref, "MONO_JIT_REMOTE_INSECURE": proxy.host, **extra}
