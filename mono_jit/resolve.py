@@ -5,7 +5,8 @@ key's lock, checks again and compiles in an isolated worker, so eight ranks star
 compile each key once. A process with no toolchain to fingerprint (no FlyDSL or ld.lld, as on
 a lean serving image) looks the spec up under the toolchains recorded in the layers instead.
 ``MONO_JIT_OFFLINE=1`` makes a miss an error naming the exact prebuild command that fills its
-key. A disk error (full, read-only, a file in the way) is a one-line MonoJitError naming the
+key. With ``MONO_JIT_REMOTE`` set, a miss asks that registry first, under the key's lock (even
+offline; see mono_jit/cache/oci/tier.py). A disk error (full, read-only, a file in the way) is a one-line MonoJitError naming the
 path and what to do. Compile workers are fresh interpreters (workers.py), so a caller's script
 needs no ``if __name__ == "__main__"`` guard. Inside a CUDA/HIP
 graph capture it raises before touching the disk. ``resolve_many`` resolves a runner's whole
