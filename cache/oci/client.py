@@ -69,8 +69,9 @@ class _Oras(oras.provider.Registry):
 
 
 def _errno_text(exc: BaseException) -> str:
-    """The system's reason inside a requests error ("Connection refused"), else its type."""
-    found = re.search(r"\[Errno -?\d+\] ([^'\")]+)", str(exc))
+    """The system's (or TLS's) reason inside a requests error ("Connection refused", "wrong
+    version number"), else its type."""
+    found = re.search(r"\[Errno -?\d+\] ([^'\")]+)", str(exc)) or re.search(r"\[SSL: [A-Z_]+\] ([^'\"(]+)", str(exc))
     return found.group(1).strip() if found else type(exc).__name__
 
 
@@ -219,7 +220,5 @@ class Registry:
         except requests.exceptions.RequestException as exc:
             raise RemoteError(f"registry {host}: {type(exc).__name__} trying to {doing} of {self.ref}") from None
         except ValueError as exc:  # oras: an authentication it cannot answer, an upload with no session
-            if isinstance(exc, RemoteError):
-                raise
             raise RemoteError(f"registry {host} (trying to {doing} of {self.ref}): {str(exc)[:200]}; "
                               f"{AUTH_ADVICE}") from None
