@@ -81,6 +81,17 @@ def _kind(method: str, path: str) -> str:
     return f"{method} other"
 
 
+class _QuietServer(http.server.ThreadingHTTPServer):
+    """Clients closing kept-alive connections (or the proxy cutting one on purpose) are normal
+    here: socketserver would print each as a traceback into the test's captured output."""
+
+    def handle_error(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 class Proxy:
     """A counting, fault-injecting HTTP proxy on 127.0.0.1 in front of `upstream` (host:port)."""
 
@@ -135,7 +146,7 @@ class Proxy:
 
             do_GET = do_HEAD = do_PUT = do_POST = do_PATCH = do_DELETE = _forward
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _QuietServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.host = f"127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)

@@ -23,7 +23,7 @@ from mono_jit.resolve import resolve_many
 def cli(*args: str) -> tuple[int, dict | str]:
     result = CliRunner().invoke(main, list(args))
     if "--json" in args and result.exit_code == 0:
-        return result.exit_code, json.loads(result.output)
+        return result.exit_code, json.loads(result.stdout)
     return result.exit_code, result.output
 
 
