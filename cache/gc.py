@@ -1,7 +1,7 @@
 """Eviction from the writable layer by the last-used stamp: by age, then down to a size cap.
 Read-only layers are never touched. Leftovers of killed or failed runs are cleared too: temp
-folders (``v1/tmp/*``), toolchain staging (``v1/toolchain/.tmp-*``), temp files of the probe memo
-and of toolchain records, and quarantined entries beyond the newest few (kept for diagnosis)."""
+folders (``v1/tmp/*``), toolchain staging (``v1/toolchain/.tmp-*``), temp files of the probe memo,
+of toolchain records and of the counters (``v1/stats/.tmp-*``), and quarantined entries beyond the newest few (kept for diagnosis)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def leftovers(base: Path, now: float) -> list[Path]:
     """What killed or failed runs left under the writable `base` (<root>/v1) more than
     LEFTOVER_SECONDS ago, and quarantined entries beyond the newest QUARANTINE_KEEP."""
     found = [*_listed(base / "tmp", "*"), *_listed(base / "toolchain", ".tmp-*"),
-             *_listed(base / "toolchain", ".probes.json.*")]
+             *_listed(base / "toolchain", ".probes.json.*"), *_listed(base / "stats", ".tmp-*")]
     for records in sorted(base.glob("gfx*/toolchains")):
         found += _listed(records, ".*.json.*")
     stale = [p for p in found if now - _newest_mtime(p) > LEFTOVER_SECONDS]

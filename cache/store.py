@@ -211,7 +211,8 @@ class Store:
         layers = []
         for root in settings.readonly_roots:
             if not root.is_dir():
-                _warn("read-only cache root %s does not exist; skipping it", root)
+                what = "is not a folder" if root.exists() else "does not exist"
+                _warn_once(f"read-only cache root {root} (MONO_JIT_CACHE_PATH) {what}; skipping it")
                 continue
             try:
                 check_root(root, allow)
@@ -232,6 +233,7 @@ class Store:
         self.writable = Layer(writable, writable=not read_only, allow_shared=allow)
         self.layers: tuple[Layer, ...] = (*layers, self.writable) if writable.is_dir() else tuple(layers)
         self._arch_trust: dict[tuple[Path, str], bool] = {}
+        self.rejected: dict[str, list[tuple[Path, str]]] = {}  # key -> each copy a lookup found unusable, and why
 
     # -- trust -------------------------------------------------------------------------------
 
@@ -283,12 +285,33 @@ class Store:
             try:
                 entry = read_entry(layer, path, arch)
             except CorruptEntry as reason:
+                self.rejected.setdefault(key, []).append((path, str(reason)))
                 self.quarantine(layer, path, str(reason))
                 continue
             if layer.writable:
                 self._touch(path)
             return entry
         return None
+
+    def probe(self, key: str, arch: str) -> tuple[Entry | None, list[tuple[Path, str]]]:
+        """What a lookup would find, writing nothing (no quarantine, no stamp): the first good
+        copy of `key`, and every unusable copy or refused folder met before it, with why."""
+        bad: list[tuple[Path, str]] = []
+        for layer in self.layers:
+            path = layer.entry_dir(arch, key)
+            for level in (layer.base / arch, path.parent):
+                reason = examine(level, layer.allow_shared, folder=True)[1]
+                if reason is not None:
+                    bad.append((level, reason))
+                    break
+            else:
+                if not os.path.lexists(path):
+                    continue
+                try:
+                    return read_entry(layer, path, arch), bad
+                except CorruptEntry as reason:
+                    bad.append((path, str(reason)))
+        return None, bad
 
     def entries(self) -> Iterator[Entry | tuple[Path, str]]:
         """Every copy of every entry, layer by layer, each verified on its own (a key has a copy
@@ -313,7 +336,10 @@ class Store:
         """The trusted v1/<arch> folders of `layer`."""
         try:
             names = sorted(os.listdir(layer.base))
-        except OSError:
+        except FileNotFoundError:
+            return []
+        except OSError as exc:  # an unreadable layer holds nothing we can serve: say so once
+            _warn_once(f"cannot read cache layer {layer.root}: {exc.strerror or exc}; skipping it")
             return []
         return [n for n in names if n.startswith("gfx") and self._arch_trusted(layer, n)]
 

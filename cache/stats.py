@@ -1,0 +1,175 @@
+"""Hit / miss / compile counters of the writable cache, as ccache keeps them (``ccache -s``).
+
+Counters live in ``<writable>/v1/stats/``, safe under any number of concurrent processes:
+- a process adds its counts as one new file ``delta-<pid>-<random>.json``, written under a
+  temporary name and renamed into place (a reader never sees half of one; no lock is taken, so
+  the hit path never waits);
+- ``merge`` folds the deltas into ``total.json`` under an flock. The new total names the deltas
+  it absorbed before they are deleted, so a merge killed between the two steps never counts a
+  delta twice (the next merge deletes an absorbed delta without adding it). ``zero`` is a merge
+  that drops what it absorbs.
+A read-only store (offline lookups, an unwritable HOME) records nothing: offline writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .fs import make_dirs, read_regular, write_new
+
+COUNTERS = ("hits", "misses", "compiled", "failed")
+STATS_DIR = "stats"
+TOTAL_NAME = "total.json"
+LOCK_NAME = "merge.lock"
+DELTA_PREFIX = "delta-"
+TMP_PREFIX = ".tmp-"
+FILE_CAP = 1 << 20
+_FILE_MODE = 0o600
+
+
+@dataclass
+class Counters:
+    """Counts of cache lookups: hits, misses, and of the misses how many compiled or failed."""
+
+    hits: int = 0
+    misses: int = 0
+    compiled: int = 0
+    failed: int = 0
+
+    def add(self, other: "Counters") -> None:
+        for name in COUNTERS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def any(self) -> bool:
+        return any(getattr(self, name) for name in COUNTERS)
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in COUNTERS}
+
+    @classmethod
+    def parse(cls, data: object) -> "Counters | None":
+        """Counters from a parsed file, or None if it is not a map of non-negative integers."""
+        if not isinstance(data, dict):
+            return None
+        values = {name: data.get(name, 0) for name in COUNTERS}
+        if not all(type(v) is int and v >= 0 for v in values.values()):
+            return None
+        return cls(**values)
+
+
+@dataclass
+class Totals:
+    """What `mono-jit stats` shows: the merged counters and since when they count."""
+
+    counters: Counters = field(default_factory=Counters)
+    since: str | None = None  # ISO time of the last zeroing, None if never zeroed
+    absorbed: list[str] = field(default_factory=list)  # delta names folded in (see the module docstring)
+
+
+def _folder(base: Path) -> Path:
+    return base / STATS_DIR
+
+
+def _unique() -> str:
+    return f"{os.getpid()}-{os.urandom(4).hex()}"
+
+
+def _write_atomically(folder: Path, name: str, payload: dict) -> None:
+    tmp = folder / f"{TMP_PREFIX}{_unique()}"
+    write_new(tmp, (json.dumps(payload, sort_keys=True) + "\n").encode(), _FILE_MODE)
+    try:
+        os.replace(tmp, folder / name)
+    except OSError:
+        os.unlink(tmp)
+        raise
+
+
+def record(base: Path, counts: Counters) -> None:
+    """Add `counts` to the counters of the writable layer whose v1 folder is `base`."""
+    if not counts.any():
+        return
+    folder = _folder(base)
+    make_dirs(folder)
+    _write_atomically(folder, f"{DELTA_PREFIX}{_unique()}.json", counts.as_dict())
+
+
+def _read_json(path: Path) -> object:
+    try:
+        return json.loads(read_regular(path, FILE_CAP))
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
+def _deltas(folder: Path) -> list[str]:
+    try:
+        return sorted(n for n in os.listdir(folder) if n.startswith(DELTA_PREFIX) and n.endswith(".json"))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _total(folder: Path) -> Totals:
+    data = _read_json(folder / TOTAL_NAME)
+    if not isinstance(data, dict):
+        return Totals()
+    counters = Counters.parse(data.get("counters")) or Counters()
+    since = data.get("since") if isinstance(data.get("since"), str) else None
+    absorbed = [n for n in data.get("absorbed", []) if isinstance(n, str)] if isinstance(data.get("absorbed"), list) \
+        else []
+    return Totals(counters, since, absorbed)
+
+
+def read(base: Path) -> Totals:
+    """The totals without merging (for a store that may not write): total.json plus the deltas
+    it has not absorbed."""
+    folder = _folder(base)
+    totals = _total(folder)
+    for name in _deltas(folder):
+        if name not in totals.absorbed:
+            totals.counters.add(Counters.parse(_read_json(folder / name)) or Counters())
+    return totals
+
+
+def merge(base: Path, *, zero: bool = False) -> Totals:
+    """Fold every delta into total.json (with `zero`, drop them and the total) and return the
+    totals; nothing is written when there is no stats folder and nothing to zero."""
+    folder = _folder(base)
+    if not folder.is_dir() and not zero:
+        return Totals()
+    import fcntl  # only a merge locks
+
+    make_dirs(folder)
+    fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
+                 _FILE_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        totals = _total(folder)
+        names = _deltas(folder)
+        for name in names:
+            if name in totals.absorbed:  # a killed merge counted it already
+                _unlink(folder / name)
+        fresh = [n for n in names if n not in totals.absorbed]
+        if zero:
+            totals = Totals(Counters(), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), fresh)
+        else:
+            for name in fresh:
+                totals.counters.add(Counters.parse(_read_json(folder / name)) or Counters())
+            totals.absorbed = fresh
+        if fresh or zero or totals.absorbed:
+            _write_atomically(folder, TOTAL_NAME, {"counters": totals.counters.as_dict(), "since": totals.since,
+                                                   "absorbed": totals.absorbed})
+        for name in fresh:
+            _unlink(folder / name)
+        return totals
+    finally:
+        os.close(fd)
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
