@@ -5,8 +5,11 @@ key's lock, checks again and compiles in an isolated worker, so eight ranks star
 compile each key once. A process with no toolchain to fingerprint (no FlyDSL or ld.lld, as on
 a lean serving image) looks the spec up under the toolchains recorded in the layers instead.
 ``MONO_JIT_OFFLINE=1`` makes a miss an error naming the exact prebuild command that fills its
-key. With ``MONO_JIT_REMOTE`` set, a miss asks that registry first, under the key's lock (even
-offline; see mono_jit/cache/oci/tier.py). A disk error (full, read-only, a file in the way) is a one-line MonoJitError naming the
+key; a miss that cannot compile says which kind it is (diagnosis.py: not in any layer, built by
+another toolchain, unreadable). With ``MONO_JIT_REMOTE`` set, a miss asks that registry first,
+under the key's lock (even offline; see mono_jit/cache/oci/tier.py). A writable store counts
+hits, misses and compiles (cache/stats.py, `mono-jit stats`). A disk error (full, read-only, a
+file in the way) is a one-line MonoJitError naming the
 path and what to do. Compile workers are fresh interpreters (workers.py), so a caller's script
 needs no ``if __name__ == "__main__"`` guard. Inside a CUDA/HIP
 graph capture it raises before touching the disk. ``resolve_many`` resolves a runner's whole
@@ -24,6 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from mono_jit.cache import Entry, Store
+from mono_jit.cache.stats import Counters, record
 
 from .build import BuildJob
 from .config import Settings
@@ -108,6 +112,7 @@ class _Session:
             self.unavailable: ToolchainError | None = None
         except ToolchainError as exc:
             self.toolchain, self.unavailable = None, exc
+        self.counts = Counters()
         self._recorded: dict[str, list[dict]] = {}
         self._by_key: dict[str, Resolved] = {}
         self._digests: dict[int, tuple[Template, str]] = {}  # id -> (template, its source digest)
@@ -132,9 +137,11 @@ class _Session:
         store, settings, spec = self.store, self.settings, job.spec
         entry = store.lookup(job.key, job.arch)
         if entry is not None:
+            self.counts.hits += 1
             return Resolved(entry, compiled=False)
+        self.counts.misses += 1
         if settings.offline and self.remote is None:
-            raise _offline_miss(job)
+            raise _offline_miss(store, job)
         from mono_jit.cache.lock import single_flight  # only a miss needs it
 
         with single_flight(settings.locks(), job.key, settings.lock_timeout, job.label,  # type: ignore[arg-type]
@@ -143,12 +150,17 @@ class _Session:
             if entry is not None:
                 return Resolved(entry, compiled=False)
             if settings.offline:
-                raise _offline_miss(job)
+                raise _offline_miss(store, job)
             env = compile_environment(self.toolchain, spec.arch)  # type: ignore[arg-type]
-            entry = compile_job(job, store, env, settings.compile_timeout)
+            try:
+                built = compile_job(job, store, env, settings.compile_timeout)
+            except MonoJitError:
+                self.counts.failed += 1
+                raise
+            self.counts.compiled += 1
             if self.remote is not None:
-                self.remote.offer(entry, job.label)
-            return Resolved(entry, compiled=True)
+                self.remote.offer(built, job.label)
+            return Resolved(built, compiled=True)
 
     def _fetch(self, job: BuildJob) -> Entry | None:
         """The registry tier's copy of a missing key (the caller holds its lock), or None."""
@@ -162,22 +174,38 @@ class _Session:
         spec up under each toolchain that built entries in the layers; nothing can be compiled."""
         if spec.arch not in self._recorded:
             self._recorded[spec.arch] = self.store.recorded_toolchains(spec.arch)
+        jobs = []
         for fingerprint in self._recorded[spec.arch]:
             job = self.plan(template, spec, fingerprint)
+            jobs.append(job)
             done = self._by_key.get(job.key)
             if done is not None:
                 return done
             entry = self.store.lookup(job.key, job.arch)
             if entry is not None:
+                self.counts.hits += 1
                 done = self._by_key[job.key] = Resolved(entry, compiled=False)
                 return done
         fetched = self._fetch_without_toolchain(template, spec)
         if fetched is not None:
             return fetched
+        self.counts.misses += 1
+        from .diagnosis import classify  # only a miss needs it
+
         raise ToolchainError(
-            f"{template.name} [{spec.label()}] is in no cache layer under any recorded toolchain, and it cannot "
-            f"be compiled here: {self.unavailable}"
+            f"{template.name} [{spec.label()}] is in no cache layer under any recorded toolchain "
+            f"({classify(self.store, jobs)}), and it cannot be compiled here: {self.unavailable}"
         )
+
+    def record_counts(self) -> None:
+        """Add this session's hits, misses and compiles to the writable layer's counters; a
+        counter that cannot be written never fails a resolve."""
+        if not self.store.writable.writable or not self.counts.any():
+            return
+        try:
+            record(self.store.writable.base, self.counts)
+        except OSError:
+            pass
 
 
     def _fetch_without_toolchain(self, template: Template, spec: Spec) -> Resolved | None:
@@ -200,9 +228,13 @@ class _Session:
         return None
 
 
-def _offline_miss(job: BuildJob) -> OfflineMiss:
+def _offline_miss(store: Store, job: BuildJob) -> OfflineMiss:
+    """A miss offline mode forbids compiling: which kind of miss, and the command that fills it."""
+    from .diagnosis import classify  # only a miss needs it
+
     return OfflineMiss(
-        f"{job.label} [{job.spec.label()}] is not in the cache (key {job.key[:16]}) and MONO_JIT_OFFLINE=1; "
+        f"{job.label} [{job.spec.label()}] is not in the cache (key {job.key[:16]}): "
+        f"{classify(store, [job])}; MONO_JIT_OFFLINE=1 forbids compiling it; "
         f"fill it with: {prebuild_command(job)}  (mono-jit explain shows why it missed)"
     )
 
@@ -237,6 +269,11 @@ def resolve_many(pairs: Iterable[tuple[str | Template, Spec]], *, settings: Sett
         raise _capture_error(what + (f", ... ({len(pairs)} pairs)" if len(pairs) > 2 else ""))
     try:
         session = _Session(settings, store)
+    except OSError as exc:
+        raise _disk_error(exc, settings) from None
+    try:
         return [session.resolve(get(t) if isinstance(t, str) else t, spec) for t, spec in pairs]
     except OSError as exc:
         raise _disk_error(exc, settings) from None
+    finally:
+        session.record_counts()

@@ -1,0 +1,242 @@
+"""mono-jit's Python API: one function per thing the ``mono-jit`` command line does, which the CLI
+only parses arguments for and prints (``from mono_jit import prebuild, verify, ...``).
+
+Every function takes ``settings`` (default: ``Settings()`` from the environment) and returns a
+report object with ``as_dict()``; a failure it cannot report as data is a one-line MonoJitError
+(SpecError for a bad spec or grid, MonoJitError naming an unknown template). Long runs take a
+``progress`` (mono_jit.progress.Progress). Nothing here imports torch or FlyDSL until a compile
+needs it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mono_jit.cache import Entry, Store
+from mono_jit.cache.gc import GcReport
+
+from . import model
+from .config import Settings
+from .health import Checks, cannot_compile_here
+from .errors import MonoJitError, ToolchainError
+from .diagnosis import Explanation
+from .inventory import Listing
+from .progress import Progress, Silent
+from .resolve import Resolved, resolve, resolve_many
+from .spec import RATIOS, STANDARD_MAX_TOKENS, Spec, deployment_grid
+from .templates import Template, all_templates, get
+from .verification import VerifyReport
+
+__all__ = ["Checks", "Explanation", "Listing", "PrebuildReport", "Resolved", "StatsReport", "VerifyReport",
+           "cannot_compile_here", "clear", "default_jobs", "doctor", "explain", "export", "find_entry", "gc",
+           "import_bundle", "list_entries", "prebuild", "resolve", "resolve_many", "stats", "verify"]
+
+
+def default_jobs() -> int:
+    """Compile workers when not told: the CPUs, at most 8."""
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
+def _settings(settings: Settings | None) -> Settings:
+    return settings if settings is not None else Settings()
+
+
+def _templates(names: Iterable[str | Template] | None) -> list[Template]:
+    """The templates named (MonoJitError for an unknown one), or every registered one."""
+    if names is None:
+        return list(all_templates().values())
+    return [name if isinstance(name, Template) else get(name) for name in names]
+
+
+@dataclass
+class PrebuildReport:
+    """A prebuild's outcome: counts, each entry and failure, and the image layer if one was asked for."""
+
+    compiled: int
+    hits: int
+    failures: list[dict]
+    entries: list[dict]
+    seconds: float
+    jobs: int  # distinct keys planned
+    cache_dir: str
+    image_layer: str | None = None
+    image_layer_added: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def as_dict(self) -> dict:
+        return {**self.__dict__, "failed": len(self.failures)}
+
+
+def prebuild(templates: Iterable[str | Template] | None = None, *, tp: int = 8,
+             max_model_len: int = model.MAX_MODEL_LEN, max_tokens: Iterable[int] = STANDARD_MAX_TOKENS,
+             ratios: Iterable[int] = RATIOS, arch: str = "gfx950", jobs: int | None = None, timeout: float = 600.0,
+             image_layer: Path | None = None, settings: Settings | None = None,
+             progress: Progress | None = None) -> PrebuildReport:
+    """Compile every template (default: all registered) at every spec of the deployment grid
+    into the writable cache; a failed build is in the report, never raised. With `image_layer`
+    and no failure, the run's entries are also published there as a read-only layer any user
+    can read (cache/layer.py)."""
+    from .prebuild import prebuild as run
+
+    settings, progress = _settings(settings), progress or Silent()
+    specs = deployment_grid(tp, max_model_len, max_tokens, ratios, arch)
+    summary, planned = run(_templates(templates), specs, settings, jobs=jobs or default_jobs(), timeout=timeout,
+                           progress=lambda event, job, detail: progress.finished(event, job.label, detail),
+                           on_plan=progress.planned)
+    report = PrebuildReport(summary.compiled, summary.hits, summary.failed, summary.entries, round(summary.seconds, 3),
+                            len(planned), str(settings.writable_root))
+    store = Store(settings)
+    _count(store, hits=summary.hits, misses=summary.compiled + len(summary.failed), compiled=summary.compiled,
+           failed=len(summary.failed))
+    if image_layer is not None and report.ok:
+        from mono_jit.cache.layer import publish_image_layer
+
+        entries = [store.lookup(job.key, job.arch) for job in planned]
+        missing = [job.label for job, entry in zip(planned, entries) if entry is None]
+        if missing:
+            raise MonoJitError(f"cannot publish the image layer: {', '.join(missing[:3])} left the cache")
+        report.image_layer = str(image_layer)
+        report.image_layer_added = publish_image_layer(list({e.key: e for e in entries if e}.values()), image_layer)
+    return report
+
+
+def _count(store: Store, **counts: int) -> None:
+    """Add `counts` to the writable layer's counters (a read-only store records nothing)."""
+    from mono_jit.cache.stats import Counters, record
+
+    if store.writable.writable:
+        try:
+            record(store.writable.base, Counters(**counts))
+        except OSError:
+            pass  # counters never fail the operation they count
+
+
+def verify(*, rebuild: bool = False, jobs: int | None = None, timeout: float = 600.0,
+           settings: Settings | None = None, progress: Progress | None = None) -> VerifyReport:
+    """Check every copy of every entry in every layer; with `rebuild`, recompile each good one
+    and require identical bytes (needs FlyDSL: ToolchainError on a lean host)."""
+    from .verification import verify as run
+
+    settings = _settings(settings)
+    if rebuild and cannot_compile_here() is not None:
+        raise ToolchainError(f"verify with rebuild recompiles every entry: {cannot_compile_here()}")
+    return run(Store(settings), rebuild=rebuild, jobs=jobs or default_jobs(), timeout=timeout,
+               progress=progress or Silent())
+
+
+def explain(template: str | Template, spec: Spec, *, settings: Settings | None = None) -> Explanation:
+    """Whether `template` at `spec` hits, and if not, why: the corrupt copy in its place, or the
+    kind of miss and the key factors that differ from the nearest entry. Without a toolchain
+    here (a lean host), keys are computed with the toolchains recorded in the layers. Writes nothing."""
+    from .diagnosis import explain as run
+    from .toolchain import resolve_toolchain
+
+    settings = _settings(settings)
+    template = template if isinstance(template, Template) else get(template)
+    store = Store(settings)
+    try:
+        fingerprints, how = [resolve_toolchain(settings).fingerprint], "this host's"
+    except ToolchainError as exc:
+        fingerprints = store.recorded_toolchains(spec.arch)
+        how = f"recorded in the layers ({len(fingerprints)}): none usable here ({exc})"
+    return run(store, template, spec, fingerprints, how)
+
+
+def list_entries(templates: Iterable[str] | None = None, *, settings: Settings | None = None) -> Listing:
+    """The served entries (read-only layers first), of the named templates only when given,
+    each "ok" or "stale", and each layer's size."""
+    from .inventory import listing
+
+    return listing(Store(_settings(settings)), tuple(templates) if templates is not None else None)
+
+
+def find_entry(prefix: str, *, settings: Settings | None = None) -> Entry:
+    """The one served entry whose key starts with `prefix` (KeyPrefixError otherwise)."""
+    from .inventory import find
+
+    return find(Store(_settings(settings)), prefix)
+
+
+def gc(*, max_size: int | None = None, older_than: float | None = None, dry_run: bool = False,
+       settings: Settings | None = None) -> GcReport:
+    """Evict writable entries unused for `older_than` seconds, then least recently used ones
+    down to `max_size` bytes, then what killed runs left; with neither, only the leftovers."""
+    from mono_jit.cache.gc import collect
+
+    return collect(Store(_settings(settings)), max_bytes=max_size, older_than=older_than, dry_run=dry_run)
+
+
+def clear(*, settings: Settings | None = None) -> int:
+    """Remove every copy in the writable layer (read-only layers are never touched); how many."""
+    store = Store(_settings(settings))
+    paths = [item.path if isinstance(item, Entry) else item[0] for item in store.entries()]
+    doomed = [p for p in paths if p.is_relative_to(store.writable.root)]
+    for path in doomed:
+        store.remove(path)
+    return len(doomed)
+
+
+def export(bundle: Path, *, templates: Iterable[str] | None = None, settings: Settings | None = None) -> dict:
+    """Write the served entries (of the named templates only, when given) to the tar(.gz)
+    `bundle` with a manifest of checksums; returns the manifest."""
+    from mono_jit.cache.bundle import export_bundle
+
+    names = None if templates is None else set(templates)
+    entries = [e for e in Store(_settings(settings)).served()
+               if names is None or e.meta["template"] in names]
+    return export_bundle(bundle, entries)
+
+
+def import_bundle(bundle: Path, *, sha256: str | None = None, settings: Settings | None = None) -> dict:
+    """Check a bundle whole (its sha256 when given, paths, sizes, checksums, every entry as a
+    load would), then publish its entries: {'imported', 'present'}."""
+    from mono_jit.cache.bundle import import_bundle as run
+
+    return run(Store(_settings(settings)), bundle, sha256)
+
+
+def doctor(*, deep: bool = False, settings: Settings | None = None) -> Checks:
+    """Toolchain, cache and template health checks (mono_jit.doctor)."""
+    from .health import doctor as run
+
+    return run(_settings(settings), deep)
+
+
+@dataclass
+class StatsReport:
+    """Lookups counted in the writable layer since `since` (None: since it was created), and
+    what the layers hold now."""
+
+    counters: dict[str, int]
+    since: str | None
+    entries: int
+    total_bytes: int
+    layers: list[dict] = field(default_factory=list)
+    recorded: bool = True  # False when this store writes nothing (offline, or no writable root)
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def stats(*, zero: bool = False, settings: Settings | None = None) -> StatsReport:
+    """The hit / miss / compile counters of the writable layer (merged from every process's
+    increments) and the size of every layer; with `zero`, reset the counters first."""
+    from mono_jit.cache import stats as counters
+
+    from .inventory import listing
+
+    settings = _settings(settings)
+    store = Store(settings, read_only=bool(settings.offline))
+    writable = store.writable.writable
+    if zero and not writable:
+        raise MonoJitError(f"cannot zero the counters: the writable cache {store.writable.root} is read-only here")
+    totals = counters.merge(store.writable.base, zero=zero) if writable else counters.read(store.writable.base)
+    held = listing(store)
+    return StatsReport(totals.counters.as_dict(), totals.since, len(held.entries), held.total_bytes, held.layers,
+                       writable)
