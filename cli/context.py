@@ -1,4 +1,4 @@
-"""The --cache-dir option and the Settings / Store it leads to."""
+"""The --cache-dir option and the Settings it leads to."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from typing import Any, Callable
 
 import click
 
-from mono_jit.cache import Store
 from mono_jit.config import Settings
 
 
@@ -20,11 +19,8 @@ def cache_dir_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def settings_for(cache_dir: Path | None) -> Settings:
+    """The settings in force, with --cache-dir (when given) as the writable root."""
     environ = dict(os.environ)
     if cache_dir is not None:
         environ["MONO_JIT_CACHE_DIR"] = str(cache_dir)
     return Settings(environ)
-
-
-def store_for(cache_dir: Path | None) -> Store:
-    return Store(settings_for(cache_dir))

@@ -10,9 +10,10 @@ import click
 
 from mono_jit.cache import Entry, Store
 from mono_jit.errors import MonoJitError
+from mono_jit.health import Checks
 
 from .context import cache_dir_option, settings_for
-from .options import Checks, guarded
+from .options import emit_json, guarded, json_option, print_checks
 
 SOURCE_TESTS = Path(__file__).resolve().parent.parent / "tests"  # a source checkout's tests/
 
@@ -23,7 +24,7 @@ SOURCE_TESTS = Path(__file__).resolve().parent.parent / "tests"  # a source chec
 @click.option("--tests", "tests_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder of mono-jit's tests whose gfx950 launch tests to run (default: the source checkout's).")
 @click.option("--no-launch", is_flag=True, help="Only check the device and load the cached kernels.")
-@click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
+@json_option
 @guarded
 def selftest(cache_dir, device, tests_dir, no_launch, as_json):
     """Check the GPU (gfx950, enough CUs for the 256-CTA persistent grid, so no CPX / DPX
@@ -36,7 +37,12 @@ def selftest(cache_dir, device, tests_dir, no_launch, as_json):
         checks.run("kernels", lambda: _load_every_kernel(hip, settings_for(cache_dir)))
         if not no_launch:
             checks.run("launch tests", lambda: _launch_tests(tests_dir or SOURCE_TESTS))
-    checks.report(as_json)
+    if as_json:
+        emit_json("selftest", checks.as_dict())
+    else:
+        print_checks(checks.rows)
+    if not checks.ok:
+        raise SystemExit(1)
 
 
 def _hip_runtime():

@@ -1,102 +1,77 @@
-"""Commands over the store: list, inspect, explain, gc, clear, export, import."""
+"""Commands over the store: list, inspect, explain, gc, clear, export, import (each the face of
+one mono_jit.api function)."""
 
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
 import click
 
-from mono_jit.build import BuildJob
-from mono_jit.cache import Entry, Store
-from mono_jit.cache.bundle import export_bundle, import_bundle
-from mono_jit.cache.gc import collect
-from mono_jit.cache.key import diff
-from mono_jit.cache.store import last_used
+from mono_jit import api, model
 from mono_jit.errors import MonoJitError, SpecError
-from mono_jit.spec import SUPPORTED_ARCHS, Spec
-from mono_jit.templates import get
-from mono_jit.toolchain import resolve_toolchain
+from mono_jit.spec import SUPPORTED_ARCHS, Spec, deployment_grid
 
-from .context import cache_dir_option, settings_for, store_for
-from .options import emit_json, guarded, human_bytes
-
-json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+from .context import cache_dir_option, settings_for
+from .options import emit_json, guarded, human_bytes, json_option, note, plain, say, template_option
 
 
-def _good(store: Store) -> list[Entry]:
-    """The copy each key is served from (a bad copy in one layer never hides a good one)."""
-    return list(store.served())
-
-
-def _summary(entry: Entry) -> dict:
-    kernel = entry.meta["kernels"][0]
-    return {"key": entry.key, "template": entry.meta["template"], "spec": entry.meta["spec"], "arch": entry.arch,
-            "path": str(entry.path), "layer": "writable" if entry.layer.writable else "read-only",
-            "bytes": entry.meta["hsaco"]["size"], "vgpr": kernel["vgpr"], "agpr": kernel["agpr"],
-            "sgpr": kernel["sgpr"], "lds": kernel["lds"], "scratch": kernel["scratch"],
-            "compile_seconds": entry.meta.get("compile_seconds"),
-            "last_used": time.strftime("%Y-%m-%d %H:%M", time.localtime(last_used(entry.path)))}
-
-
-def _status(entry: Entry) -> str:
-    """"ok", or "stale" when the installed template's sources differ from those that built it
-    (a lookup never reaches it again: gc collects it), or "unknown template"."""
-    try:
-        installed = get(entry.meta["template"]).source_digest()
-    except MonoJitError:
-        return "unknown template"
-    return "ok" if entry.meta["factors"]["template"]["source_digest"] == installed else "stale"
+def _counters_line(counters: dict[str, int]) -> str:
+    return ", ".join(f"{value} {name}" for name, value in counters.items())
 
 
 @click.command(name="list")
-@click.option("--template", default=None, help="Only entries of this template.")
+@template_option()
 @cache_dir_option
 @json_option
 @guarded
-def list_entries(template, cache_dir, as_json):
+def list_entries(templates, cache_dir, as_json):
     """List the cache entries served from every layer (read-only layers first), each "ok" or
-    "stale" (built from template sources other than the installed ones); `verify` shows the
-    copies that fail verification."""
-    rows = [{**_summary(e), "status": _status(e)} for e in _good(store_for(cache_dir))
-            if template in (None, e.meta["template"])]
+    "stale" (built from template sources other than the installed ones), then the total size
+    and the hit / miss / compile counters (`mono-jit stats`); `verify` shows the copies that
+    fail verification."""
+    settings = settings_for(cache_dir)
+    listing = api.list_entries(templates, settings=settings)
+    counters = api.stats(settings=settings).counters
+    lean = api.cannot_compile_here()
     if as_json:
-        emit_json(rows)
+        emit_json("list", {**listing.as_dict(), "counters": counters, "cannot_compile": lean})
         return
-    for r in rows:
+    for r in listing.entries:
         spec = " ".join(f"{k}={v}" for k, v in r["spec"].items() if k != "arch")
         status = "" if r["status"] == "ok" else f"  {r['status'].upper()}"
         click.echo(f"{r['key'][:16]}  {r['template']:9} {spec:40} {human_bytes(r['bytes']):>9}  "
                    f"v{r['vgpr']}/a{r['agpr']}/s{r['sgpr']} lds {r['lds']}  {r['layer']}{status}")
-    click.echo(f"{len(rows)} entries")
+    say(f"{len(listing.entries)} entries; {human_bytes(listing.total_bytes)} in {len(listing.layers)} layer(s); "
+        f"{_counters_line(counters)}")
+    if lean:
+        note(lean)
 
 
-def _find(store: Store, prefix: str) -> Entry:
-    if not re.fullmatch(r"[0-9a-f]{4,64}", prefix):
-        raise click.BadParameter(f"{prefix!r}: expected a key or a hex prefix of at least 4 characters", param_hint="KEY")
-    matches = [e for e in _good(store) if e.key.startswith(prefix)]
-    if len(matches) != 1:
-        raise MonoJitError(f"key prefix {prefix!r} matches {len(matches)} entries; give more characters")
-    return matches[0]
+def _key_prefix(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if not re.fullmatch(r"[0-9a-f]{4,64}", value):
+        raise click.BadParameter(f"{value!r}: expected a key or a hex prefix of at least 4 characters", param_hint="KEY")
+    return value
 
 
 @click.command()
-@click.argument("key")
+@click.argument("key", callback=_key_prefix)
 @cache_dir_option
 @json_option
 @guarded
 def inspect(key, cache_dir, as_json):
     """Show one entry: spec, factors, code-object figures and residency on an MI355X CU."""
-    entry = _find(store_for(cache_dir), key)
+    entry = api.find_entry(key, settings=settings_for(cache_dir))
+    lean = api.cannot_compile_here()
     if as_json:
-        emit_json({**entry.meta, "path": str(entry.path)})
+        emit_json("inspect", {**entry.meta, "path": str(entry.path), "cannot_compile": lean})
         return
-    meta = entry.meta
-    click.echo(f"key        {entry.key}\npath       {entry.path}\ntemplate   {meta['template']}  spec {meta['spec']}")
+    meta, launch = entry.meta, entry.meta["launch"]
+    click.echo(f"key        {entry.key}\npath       {entry.path}\ntemplate   {meta['template']}  "
+               f"spec {plain(meta['spec'])}")
     click.echo(f"hsaco      {meta['hsaco']['size']} B  sha256 {meta['hsaco']['sha256']}")
-    click.echo(f"launch     grid {meta['launch']['grid']} block {meta['launch']['block']} "
-               f"dynamic LDS {meta['launch']['dynamic_lds']}  persistent {meta['persistent']}")
+    click.echo(f"launch     grid {'x'.join(map(str, launch['grid']))} block {'x'.join(map(str, launch['block']))} "
+               f"dynamic LDS {launch['dynamic_lds']} B  persistent {plain(meta['persistent'])}")
     for k in meta["kernels"]:
         click.echo(f"kernel     {k['name']}: VGPR {k['vgpr']} AGPR {k['agpr']} SGPR {k['sgpr']} LDS {k['lds']} B "
                    f"scratch {k['scratch']} B spills {k['vgpr_spills']}+{k['sgpr_spills']} wave {k['wavefront_size']} "
@@ -105,48 +80,56 @@ def inspect(key, cache_dir, as_json):
         if res:
             click.echo(f"residency  {res['waves_per_cta']} waves/CTA, {res['waves_per_simd']} per SIMD, "
                        f"{res['regs_per_wave']} regs/wave, {res['ctas_per_cu']} CTA(s) per CU fit")
-    click.echo(f"budget     {meta['budget']}  compiled in {meta['compile_seconds']} s on {meta['created']}")
+    click.echo(f"budget     {plain(meta['budget'])}  compiled in {meta['compile_seconds']} s on {meta['created']}")
     for name, value in sorted(meta["factors"]["toolchain"].items()):
-        click.echo(f"toolchain  {name} = {value}")
+        click.echo(f"toolchain  {name} = {plain(value)}")
+    if lean:
+        note(f"{lean} (verify --rebuild cannot recompile this entry here)")
 
 
 @click.command()
-@click.option("--template", required=True, help="Template name.")
-@click.option("--tp", type=int, default=8, show_default=True)
-@click.option("--ratio", type=int, default=4, show_default=True)
-@click.option("--topk-width", type=int, default=None, help="Default: 1024 for ratio 4, 8192 for 128.")
-@click.option("--max-tokens", type=int, default=1, show_default=True)
+@template_option(required=True, single=True)
+@click.option("--tp", type=int, default=8, show_default=True, help="Tensor-parallel size.")
+@click.option("--ratio", type=int, default=4, show_default=True, help="Compress ratio: 4 (CSA) or 128 (HCA).")
+@click.option("--max-model-len", type=int, default=model.MAX_MODEL_LEN, show_default=True,
+              help="Max context; sets the HCA top-k width roundup(ceil(len / 128), 128), as prebuild does.")
+@click.option("--topk-width", type=int, default=None, hidden=True,
+              help="The top-k width itself (an older spelling; --max-model-len is the vocabulary).")
+@click.option("--max-tokens", type=int, default=1, show_default=True, help="One max-tokens bucket.")
 @click.option("--arch", type=click.Choice(SUPPORTED_ARCHS), default="gfx950", show_default=True)
 @cache_dir_option
 @json_option
 @guarded
-def explain(template, tp, ratio, topk_width, max_tokens, arch, cache_dir, as_json):
-    """Say whether a spec hits, and if not, which key factors differ from the nearest entry."""
-    width = topk_width if topk_width is not None else (1024 if ratio == 4 else 8192)
+def explain(templates, tp, ratio, max_model_len, topk_width, max_tokens, arch, cache_dir, as_json):
+    """Say whether a spec hits; if not, whether its entry is corrupt or which kind of miss it is
+    (not in any layer, built by another toolchain, unreadable) and which key factors differ
+    from the nearest entry. Takes prebuild's options, one value each."""
     try:
-        spec = Spec(tp, ratio, width, max_tokens, arch)
+        (spec,) = deployment_grid(tp, max_model_len, [max_tokens], [ratio], arch)
+        if topk_width is not None:
+            spec = Spec(tp, ratio, topk_width, max_tokens, arch)
     except SpecError as exc:
         raise click.UsageError(str(exc))
-    settings = settings_for(cache_dir)
-    store = Store(settings)
-    job = BuildJob.plan(get(template), spec, resolve_toolchain(settings).fingerprint)
-    hit = store.lookup(job.key, arch)
-    candidates = [e for e in _good(store) if e.meta["template"] == template]
-    nearest = min(candidates, key=lambda e: len(diff(job.factors, e.meta["factors"])), default=None)
-    differences = [] if nearest is None else diff(job.factors, nearest.meta["factors"])
-    report = {"key": job.key, "hit": hit is not None, "nearest": nearest.key if nearest else None,
-              "differences": [{"factor": f, "wanted": w, "stored": s} for f, w, s in differences]}
+    (template,) = templates
+    report = api.explain(template, spec, settings=settings_for(cache_dir))
     if as_json:
-        emit_json(report)
+        emit_json("explain", report.as_dict())
         return
-    if hit is not None:
-        click.echo(f"hit: {job.label} is entry {job.key[:16]} at {hit.path}")
-    elif nearest is None:
-        click.echo(f"miss: no {template} entry at all; run mono-jit prebuild --template {template}")
+    if report.status == "hit":
+        click.echo(f"hit: {report.label} is entry {report.key[:16]} at {report.path}")
+    elif report.status == "corrupt":
+        click.echo(f"corrupt: {report.label}'s entry at {report.path} fails verification: {report.reason}; "
+                   f"a load quarantines it (writable layer) and rebuilds it")
     else:
-        click.echo(f"miss: {job.label} wants key {job.key[:16]}; nearest entry {nearest.key[:16]} differs in:")
-        for factor, wanted, stored in differences:
-            click.echo(f"  {factor}: wanted {wanted!r}, stored {stored!r}")
+        click.echo(f"miss ({report.miss_kind}): {report.label}: {report.reason}")
+        if report.nearest is None:
+            click.echo(f"no {template} entry at all; run mono-jit prebuild --template {template}")
+        else:
+            click.echo(f"nearest entry {report.nearest[:16]} differs in:")
+            for row in report.differences:
+                click.echo(f"  {row['factor']}: wanted {plain(row['wanted'])}, stored {plain(row['stored'])}")
+    if report.toolchain != "this host's":
+        note(f"keys computed with the toolchains {report.toolchain}")
 
 
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?$", re.IGNORECASE)
@@ -182,15 +165,15 @@ def gc(max_size, older_than, dry_run, cache_dir, as_json):
     """Evict least-recently-used entries of the writable layer by age and/or total size, and
     remove what killed runs left (temporary folders older than an hour; quarantined entries but
     the newest few). With neither --max-size nor --older-than, only those leftovers go."""
-    report = collect(store_for(cache_dir), max_bytes=max_size, older_than=older_than, dry_run=dry_run)
+    report = api.gc(max_size=max_size, older_than=older_than, dry_run=dry_run, settings=settings_for(cache_dir))
     if as_json:
-        emit_json({**report.as_dict(), "dry_run": dry_run})
-    else:
-        verb = "would remove" if dry_run else "removed"
-        click.echo(f"{verb} {len(report.removed)} entries ({human_bytes(report.freed_bytes)}); "
-                   f"kept {report.kept} ({human_bytes(report.kept_bytes)})")
-        for path in report.leftovers:
-            click.echo(f"{verb} leftover {path}")
+        emit_json("gc", {**report.as_dict(), "dry_run": dry_run})
+        return
+    verb = "would remove" if dry_run else "removed"
+    click.echo(f"{verb} {len(report.removed)} entries ({human_bytes(report.freed_bytes)}); "
+               f"kept {report.kept} ({human_bytes(report.kept_bytes)})")
+    for path in report.leftovers:
+        click.echo(f"{verb} leftover {path}")
 
 
 @click.command()
@@ -202,31 +185,29 @@ def clear(yes, cache_dir, as_json):
     """Remove every entry of the writable layer (read-only layers are never touched)."""
     if as_json and not yes:
         raise click.UsageError("clear --json cannot ask for confirmation: add --yes")
-    store = store_for(cache_dir)
-    paths = [item.path if isinstance(item, Entry) else item[0] for item in store.entries()]
-    doomed = [p for p in paths if p.is_relative_to(store.writable.root)]
+    settings = settings_for(cache_dir)
     if not yes:
-        click.confirm(f"remove {len(doomed)} entries from {store.writable.root}?", abort=True)
-    for path in doomed:
-        store.remove(path)
+        click.confirm(f"remove every entry from {settings.writable_root}?", abort=True)
+    removed = api.clear(settings=settings)
     if as_json:
-        emit_json({"removed": len(doomed)})
+        emit_json("clear", {"removed": removed})
     else:
-        click.echo(f"removed {len(doomed)} entries")
+        click.echo(f"removed {removed} entries")
 
 
 @click.command(name="export")
 @click.argument("bundle", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--template", default=None, help="Only entries of this template.")
+@template_option()
 @cache_dir_option
 @json_option
 @guarded
-def export_cmd(bundle, template, cache_dir, as_json):
+def export_cmd(bundle, templates, cache_dir, as_json):
     """Write cache entries to a tar bundle (.tar or .tar.gz) with a manifest of checksums."""
-    entries = [e for e in _good(store_for(cache_dir)) if template in (None, e.meta["template"])]
-    manifest = export_bundle(bundle, entries)
+    if not bundle.parent.is_dir():
+        raise MonoJitError(f"{bundle}: expected a file in an existing folder; {bundle.parent} is not one")
+    manifest = api.export(bundle, templates=templates, settings=settings_for(cache_dir))
     if as_json:
-        emit_json({"bundle": str(bundle), "entries": manifest["entries"], "files": len(manifest["files"])})
+        emit_json("export", {"bundle": str(bundle), "entries": manifest["entries"], "files": len(manifest["files"])})
     else:
         click.echo(f"exported {manifest['entries']} entries to {bundle}")
 
@@ -246,9 +227,9 @@ def _parse_sha256(ctx, param, value):
 @guarded
 def import_cmd(bundle, expected_sha256, cache_dir, as_json):
     """Verify a bundle whole (paths, sizes, checksums, entries as a load would), then publish its entries."""
-    counts = import_bundle(store_for(cache_dir), bundle, expected_sha256)
+    counts = api.import_bundle(bundle, sha256=expected_sha256, settings=settings_for(cache_dir))
     if as_json:
-        emit_json(counts)
+        emit_json("import", counts)
     else:
         click.echo(f"imported {counts['imported']} entries ({counts['present']} already present)")
 

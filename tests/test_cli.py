@@ -37,15 +37,15 @@ def test_round_trip(warm_cache, tmp_path):
                              "--template", "router,keytable").stdout)
     assert summary["compiled"] == 0 and summary["failed"] == 0 and summary["hits"] == 3
     assert {"key", "template", "spec", "path"} <= set(summary["entries"][0])
-    listed = json.loads(run("list", "--json", *cache).stdout)
+    listed = json.loads(run("list", "--json", *cache).stdout)["entries"]
     assert len(listed) == 3
     run("verify", *cache)
     key = listed[0]["key"]
     assert json.loads(run("inspect", key[:12], "--json", *cache).stdout)["key"] == key
     bundle = tmp_path / "cache.tar.gz"
     run("export", str(bundle), *cache)
-    assert json.loads(run("clear", "--json", "--yes", *cache).stdout) == {"removed": 3}
-    assert json.loads(run("list", "--json", *cache).stdout) == []
+    assert json.loads(run("clear", "--json", "--yes", *cache).stdout)["removed"] == 3
+    assert json.loads(run("list", "--json", *cache).stdout)["entries"] == []
     assert json.loads(run("import", str(bundle), "--json", *cache).stdout)["imported"] == 3
     verified = json.loads(run("verify", "--rebuild", "--json", *cache).stdout)
     assert verified["bad"] == 0 and all(row["identical"] for row in verified["entries"])
@@ -54,9 +54,9 @@ def test_round_trip(warm_cache, tmp_path):
 def test_explain_reports_hit_and_factor_differences(warm_cache):
     cache = ["--cache-dir", str(warm_cache)]
     hit = json.loads(run("explain", "--template", "router", "--max-tokens", "1", "--json", *cache).stdout)
-    assert hit["hit"]
+    assert hit["status"] == "hit" and hit["schema"] == "mono-jit-explain/1"
     miss = json.loads(run("explain", "--template", "router", "--max-tokens", "2", "--json", *cache).stdout)
-    assert not miss["hit"]
+    assert miss["status"] == "miss" and miss["miss_kind"] == "not in any layer"
     assert [d["factor"] for d in miss["differences"]] == ["spec.max_tokens"]
 
 
@@ -64,10 +64,10 @@ def test_gc_by_size_and_config_and_doctor(warm_cache):
     cache = ["--cache-dir", str(warm_cache)]
     dry = json.loads(run("gc", "--max-size", "1K", "--dry-run", "--json", *cache).stdout)
     assert len(dry["removed"]) == 3 and dry["dry_run"]
-    assert len(json.loads(run("list", "--json", *cache).stdout)) == 3
+    assert len(json.loads(run("list", "--json", *cache).stdout)["entries"]) == 3
     run("gc", "--older-than", "1d", *cache)
-    assert len(json.loads(run("list", "--json", *cache).stdout)) == 3
-    settings = {row["name"]: row for row in json.loads(run("config", "--json").stdout)}
+    assert len(json.loads(run("list", "--json", *cache).stdout)["entries"]) == 3
+    settings = {row["name"]: row for row in json.loads(run("config", "--json").stdout)["settings"]}
     assert settings["offline"]["source"] == "default" and settings["cache_dir"]["source"] == "env"
     doctor = json.loads(run("doctor", "--json", *cache).stdout)
     assert doctor["ok"], doctor

@@ -54,7 +54,7 @@ def test_an_empty_template_list_is_a_usage_error(tmp_path):
 def test_clear_json_needs_yes_and_removes_nothing_without_it(warm_cache):
     code, out = invoke("clear", "--json", "--cache-dir", str(warm_cache))
     assert code == 2 and "--yes" in out
-    assert len(json.loads(invoke("list", "--json", "--cache-dir", str(warm_cache))[1])) == 3
+    assert len(json.loads(invoke("list", "--json", "--cache-dir", str(warm_cache))[1])["entries"]) == 3
 
 
 def test_a_malformed_setting_keeps_the_vllm_plugin_off_without_an_error():
@@ -81,7 +81,7 @@ def test_list_shows_stale_entries_as_such(warm_cache, monkeypatch):
     monkeypatch.setattr(type(router), "source_digest", lambda self, *a: "0" * 64)  # router's sources changed
     code, out = invoke("list", "--json", "--cache-dir", str(warm_cache))
     assert code == 0, out
-    status = sorted((r["template"], r["status"]) for r in json.loads(out))
+    status = sorted((r["template"], r["status"]) for r in json.loads(out)["entries"])
     assert status == [("keytable", "ok"), ("keytable", "ok"), ("router", "stale")], status
     code, text = invoke("list", "--cache-dir", str(warm_cache))
     assert text.count("STALE") == 1 and "3 entries" in text, text

@@ -55,7 +55,7 @@ def test_a_lean_host_serves_hits_and_lists_and_verifies(lean_python, warm_cache)
     assert hit["compiled"] is False and hit["bytes"] > 0 and hit["heavy"] == []
     cli = "import sys; from mono_jit.cli import main; sys.argv = ['mono-jit', *{}]; main()"
     listed = run(lean_python, cli.format(["list", "--json"]), warm_cache)
-    assert listed.returncode == 0 and len(json.loads(listed.stdout)) == 3, listed.stderr[-2000:]
+    assert listed.returncode == 0 and len(json.loads(listed.stdout)["entries"]) == 3, listed.stderr[-2000:]
     verified = run(lean_python, cli.format(["verify"]), warm_cache)
     assert verified.returncode == 0 and "3 good, 0 bad" in verified.stdout, verified.stdout + verified.stderr
 
