@@ -22,6 +22,7 @@ import errno
 import json
 import os
 import stat
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +62,14 @@ def _warn(message: str, *args: object) -> None:
     logging.getLogger(__name__).warning(message, *args)
 
 
+def info(name: str, message: str, *args: object) -> None:
+    """An INFO record of logger `name` (`mono-jit -v`), only when something imported logging: a
+    hit never imports it, and a process that has not imported it has no handler to listen."""
+    logging = sys.modules.get("logging")
+    if logging is not None:
+        logging.getLogger(name).info(message, *args)
+
+
 def _warn_once(message: str) -> None:
     """Log `message` the first time this process sees it (a refused layer is named once)."""
     if message not in _REPORTED:
@@ -82,6 +91,19 @@ def _is_dir(path: Path) -> bool:
         return stat.S_ISDIR(os.lstat(path).st_mode)
     except OSError:
         return False
+
+
+def _listable(base: Path) -> bool:
+    """Whether a layer's v1 folder can be listed (absent counts: the layer is empty); an
+    unreadable one (another user's 0700 folder) is named once."""
+    try:
+        os.listdir(base)
+    except FileNotFoundError:
+        return True
+    except OSError as exc:
+        _warn_once(f"cannot read cache layer {base.parent}: {exc.strerror or exc}; skipping it")
+        return False
+    return True
 
 
 def unique_suffix(chars: int = 8) -> str:
@@ -219,6 +241,8 @@ class Store:
             except UntrustedRoot as exc:
                 _warn_once(f"skipping read-only cache layer {root}: {exc}")
                 continue
+            if not _listable(root / "v1"):
+                continue
             layers.append(Layer(root, writable=False, allow_shared=allow))
         writable = settings.writable_root
         if not read_only:
@@ -232,6 +256,8 @@ class Store:
             check_root(writable, allow)
         self.writable = Layer(writable, writable=not read_only, allow_shared=allow)
         self.layers: tuple[Layer, ...] = (*layers, self.writable) if writable.is_dir() else tuple(layers)
+        info(__name__, "cache layers: %s", ", ".join(
+            f"{layer.root} ({'writable' if layer.writable else 'read-only'})" for layer in self.layers) or "none")
         self._arch_trust: dict[tuple[Path, str], bool] = {}
         self.rejected: dict[str, list[tuple[Path, str]]] = {}  # key -> each copy a lookup found unusable, and why
 

@@ -117,9 +117,10 @@ def template_option(required: bool = False, single: bool = False) -> Callable[[C
         names = comma_words(value, "--template")
         if names is None:
             return None
+        _known_templates(names)
         if single and len(names) != 1:
             raise click.BadParameter(f"{value!r}: expected one template name", param_hint="--template")
-        return _known_templates(names)
+        return names
 
     help_text = "Template name." if single else "Comma list of template names."
     return click.option("--template", "templates", callback=parse, default=None, required=required,
@@ -147,7 +148,7 @@ def _jsonable(value: Any) -> Any:
 
 def emit_json(kind: str, data: dict) -> None:
     """`data` as one JSON object with "schema": "mono-jit-<kind>/1" (paths as strings)."""
-    click.echo(json.dumps({"schema": f"mono-jit-{kind}/{SCHEMA_VERSION}", **_jsonable(data)}, indent=2,
+    click.echo(json.dumps({**_jsonable(data), "schema": f"mono-jit-{kind}/{SCHEMA_VERSION}"}, indent=2,
                           sort_keys=True))
 
 

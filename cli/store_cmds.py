@@ -64,7 +64,8 @@ def inspect(key, cache_dir, as_json):
     entry = api.find_entry(key, settings=settings_for(cache_dir))
     lean = api.cannot_compile_here()
     if as_json:
-        emit_json("inspect", {**entry.meta, "path": str(entry.path), "cannot_compile": lean})
+        emit_json("inspect", {**entry.meta, "meta_schema": entry.meta["schema"], "path": str(entry.path),
+                              "cannot_compile": lean})
         return
     meta, launch = entry.meta, entry.meta["launch"]
     click.echo(f"key        {entry.key}\npath       {entry.path}\ntemplate   {meta['template']}  "
@@ -118,8 +119,8 @@ def explain(templates, tp, ratio, max_model_len, topk_width, max_tokens, arch, c
     if report.status == "hit":
         click.echo(f"hit: {report.label} is entry {report.key[:16]} at {report.path}")
     elif report.status == "corrupt":
-        click.echo(f"corrupt: {report.label}'s entry at {report.path} fails verification: {report.reason}; "
-                   f"a load quarantines it (writable layer) and rebuilds it")
+        click.echo(f"corrupt: {report.label}: the entry at {report.path} fails verification ({report.reason}); "
+                   "the next load sets it aside and compiles it again (a read-only layer's copy is skipped)")
     else:
         click.echo(f"miss ({report.miss_kind}): {report.label}: {report.reason}")
         if report.nearest is None:

@@ -107,5 +107,5 @@ def explain(store: Store, template: Template, spec: Spec, fingerprints: list[dic
         nearest = min(candidates, key=lambda e: len(diff(jobs[0].factors, e.meta["factors"])))
         differences = [{"factor": f, "wanted": w, "stored": s} for f, w, s in diff(jobs[0].factors,
                                                                                    nearest.meta["factors"])]
-    return Explanation(label, key, "miss", None, str(miss), miss.kind, nearest.key if nearest else None,
+    return Explanation(label, key, "miss", None, miss.detail, miss.kind, nearest.key if nearest else None,
                        differences, toolchain)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from mono_jit.cache import Entry, Store
 from mono_jit.cache.stats import Counters, record
+from mono_jit.cache.store import info
 
 from .build import BuildJob
 from .config import Settings
@@ -138,8 +139,10 @@ class _Session:
         entry = store.lookup(job.key, job.arch)
         if entry is not None:
             self.counts.hits += 1
+            info(__name__, "hit %s: %s", job.label, entry.path)
             return Resolved(entry, compiled=False)
         self.counts.misses += 1
+        info(__name__, "miss %s (key %s)%s", job.label, job.key[:16], "" if settings.offline else ": compiling")
         if settings.offline and self.remote is None:
             raise _offline_miss(store, job)
         from mono_jit.cache.lock import single_flight  # only a miss needs it
@@ -158,6 +161,7 @@ class _Session:
                 self.counts.failed += 1
                 raise
             self.counts.compiled += 1
+            info(__name__, "compiled %s: %s", job.label, built.path)
             if self.remote is not None:
                 self.remote.offer(built, job.label)
             return Resolved(built, compiled=True)
@@ -184,6 +188,7 @@ class _Session:
             entry = self.store.lookup(job.key, job.arch)
             if entry is not None:
                 self.counts.hits += 1
+                info(__name__, "hit %s under a recorded toolchain: %s", job.label, entry.path)
                 done = self._by_key[job.key] = Resolved(entry, compiled=False)
                 return done
         fetched = self._fetch_without_toolchain(template, spec)
