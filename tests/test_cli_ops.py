@@ -11,15 +11,11 @@ import pytest
 from click.testing import CliRunner
 
 from cache_settings import settings_at
-from mono_jit.build import BuildJob
 from mono_jit.cache import Entry, Store, cache_key
-from mono_jit.cache.store import meta_bytes, meta_digest
 from mono_jit.cli import main
 from mono_jit.errors import OfflineMiss
 from mono_jit.resolve import resolve
 from mono_jit.spec import Spec
-from mono_jit.templates import get
-from mono_jit.toolchain import resolve_toolchain
 
 
 def invoke(root, *args, code=0, env=None):
