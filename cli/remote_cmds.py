@@ -9,9 +9,8 @@ import click
 from mono_jit.config import Settings
 
 from .context import cache_dir_option, settings_for
-from .options import emit_json, guarded, human_bytes
+from .options import emit_json, guarded, human_bytes, json_option, template_option
 
-json_option = click.option("--json", "as_json", is_flag=True, help="Print a JSON report (with a 'schema' field).")
 insecure_option = click.option(
     "--insecure", is_flag=True,
     help="Talk plain HTTP to REF's registry (default: HTTPS, unless MONO_JIT_REMOTE_INSECURE names it).")
@@ -35,14 +34,14 @@ def _registry(ref, settings: Settings, insecure: bool):  # type: ignore[no-untyp
 
 @click.command()
 @click.argument("ref", callback=_reference)
-@click.option("--template", default=None, help="Only entries of this template.")
+@template_option()
 @click.option("--replace", is_flag=True, help="List only this cache's entries at REF (default: add them to what "
                                               "REF lists).")
 @insecure_option
 @cache_dir_option
 @json_option
 @guarded
-def push(ref, template, replace, insecure, cache_dir, as_json):
+def push(ref, templates, replace, insecure, cache_dir, as_json):
     """Push the cache's entries to a registry as one OCI artifact: one blob per entry (sent only
     if REF does not list it already), one manifest listing them with their specs and toolchains.
 
@@ -55,10 +54,10 @@ def push(ref, template, replace, insecure, cache_dir, as_json):
     from mono_jit.cache.oci.transfer import push as push_entries
 
     settings = settings_for(cache_dir)
-    entries = [e for e in Store(settings).served() if template in (None, e.meta["template"])]
+    entries = [e for e in Store(settings).served() if templates is None or e.meta["template"] in templates]
     report = push_entries(_registry(ref, settings, insecure), entries, replace=replace)
     if as_json:
-        emit_json(report)
+        emit_json("push", report)
         return
     click.echo(f"pushed {report['added']} entries to {ref} ({report['uploaded']} blobs, "
                f"{human_bytes(report['bytes'])} sent); {report['already_listed']} listed already; "
@@ -90,7 +89,7 @@ def pull(ref, image_layer, insecure, cache_dir, as_json):
     store = Store(settings, read_only=image_layer is not None)  # into an image layer: no writable cache made
     report = pull_entries(_registry(ref, settings, insecure), store, image_layer)
     if as_json:
-        emit_json(report)
+        emit_json("pull", report)
         return
     others = f"; skipped {report['other_arch']} for {', '.join(report['other_arches'])}" if report["other_arch"] else ""
     click.echo(f"pulled {report['fetched']} entries ({human_bytes(report['bytes'])}) from {ref} into "
