@@ -2,8 +2,10 @@
 
 A :class:`BuildJob` owns everything about one build (template, spec, factors, key, label), the
 way FlashInfer's JitSpec does: one place knows what a build is called and where it lives.
-``finish`` turns a worker's result into a published entry after the checks: a code object for
-the arch, launches matching the template's launch shape, and the resource gate.
+``check`` runs before compiling: the template's launch shape and arguments for the spec are
+constants of the right types (templates/checks.py). ``finish`` turns a worker's result into a
+published entry after the checks: a code object for the arch, launches with constant shapes
+matching the template's, kernargs matching its arguments, and the resource gate.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ from mono_jit.cache.digest import sha256
 from mono_jit.cache.store import META_SCHEMA
 
 from . import __version__, resources
-from .errors import CompileError, InvalidCodeObject
+from .errors import CompileError, InvalidCodeObject, TemplateError
 from .hsaco import KernelInfo, inspect_code_object
 from .spec import Spec
-from .templates import Template
+from .templates import Template, checks
 
 if TYPE_CHECKING:  # workers pulls in multiprocessing: keep it off the cache-hit path
     from .workers import Outcome
@@ -54,6 +56,12 @@ class BuildJob:
         fields = ", ".join(f"{k}={v}" for k, v in self.template.key_spec(self.spec).items())
         return f"{self.template.name}({fields})"
 
+    def check(self) -> None:
+        """The template's launch shape and arguments for this spec, checked before any compile
+        (TemplateError naming the job and what was expected)."""
+        checks.launch_shape(self.template, self.spec, self.label)
+        checks.arguments(self.template, self.spec, self.label)
+
     def worker_args(self) -> tuple:
         return (self.template.name, self.spec.as_dict())
 
@@ -68,6 +76,13 @@ class BuildJob:
         except InvalidCodeObject as exc:
             raise CompileError(f"{self.label}: FlyDSL produced a bad code object: {exc}") from None
         residency = self._check_launches(kernels, result["launches"])
+        arguments = self.template.arguments(self.spec)
+        for kernel in kernels:
+            if kernel.name in residency:
+                try:
+                    checks.match_kernargs(self.label, arguments, kernel)
+                except TemplateError as exc:  # a build the runtime could not pack: the job fails
+                    raise CompileError(str(exc)) from None
         meta = {
             "schema": META_SCHEMA,
             "key": self.key,
@@ -80,7 +95,7 @@ class BuildJob:
             "kernels": [k.as_dict() for k in kernels],
             "launches": result["launches"],
             "launch": self.template.launch_shape(self.spec).as_dict(),
-            "arguments": [a.as_dict() for a in self.template.arguments(self.spec)],
+            "arguments": [a.as_dict() for a in arguments],
             "persistent": self.template.persistent,
             "budget": self.template.budget.__dict__,
             "residency": residency,
@@ -100,6 +115,13 @@ class BuildJob:
         by_name = {k.name: k for k in kernels}
         residency = {}
         for launch in launches:
+            computed = [f for f in ("grid", "block") if None in launch[f]]
+            computed += ["dynamic_lds"] * (launch["dynamic_lds"] is None)
+            if computed:
+                raise CompileError(
+                    f"{self.label}: the launcher's {' and '.join(computed)} of kernel {launch['kernel']!r} is computed "
+                    "at run time, not a constant: launch with the template's launch_shape(spec), Python ints fixed "
+                    "by the spec (every launch of an entry uses the shape it records)")
             if {field: launch[field] for field in expected} != expected:
                 raise CompileError(f"{self.label}: launch {launch} differs from the template's launch shape {expected}")
             kernel = by_name.get(launch["kernel"])

@@ -9,6 +9,10 @@ class SpecError(MonoJitError, ValueError):
     """A Spec field or a deployment-grid argument is out of range."""
 
 
+class TemplateError(MonoJitError):
+    """A template class or its answers for a spec break the template contract (docs/plugins.md)."""
+
+
 class ToolchainError(MonoJitError):
     """FlyDSL, ld.lld or the device bitcode is missing or unusable."""
 

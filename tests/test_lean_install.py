@@ -27,7 +27,7 @@ def lean_python(tmp_path_factory) -> Path:
         (site / name).symlink_to(ours / name)
     editable = sorted(ours.glob("__editable__*mono_jit*"))
     assert editable, "mono-jit is not installed editable in the test venv"
-    for path in editable:
+    for path in editable + sorted(ours.glob("mono_jit-*.dist-info")):  # its entry points declare the templates
         (site / path.name).symlink_to(path)
     return venv / "bin" / "python"
 

@@ -56,8 +56,7 @@ def imported_sources(*roots: str) -> set[str]:
 def test_source_files_are_what_the_build_imports(name):
     template = get(name)
     package = type(template).__module__
-    kernel = "mono_jit.templates" + template.kernel_module  # relative to the templates package
-    assert set(template.source_files) == imported_sources(package, kernel)
+    assert set(template.source_files) == imported_sources(package, template.kernel_module_name())
 
 
 def test_editing_any_source_file_changes_the_digest(tmp_path):

@@ -10,7 +10,9 @@ class does not, so the runtime can key and load entries without them.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
+import sys
 import time
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
@@ -22,7 +24,7 @@ from mono_jit.cache.digest import sha256
 from ..resources import Budget
 from ..spec import Spec
 
-PACKAGE_DIR = Path(__file__).resolve().parent.parent  # mono_jit/
+PACKAGE_DIR = Path(__file__).resolve().parent.parent  # mono_jit/: the built-ins' source root
 # What every built-in template's build imports from mono_jit besides its own package (checked
 # against the real imports by tests/test_source_digest.py).
 COMMON_SOURCES = ("errors.py", "hsaco.py", "model.py", "resources.py", "spec.py", "templates/_dsl.py",
@@ -77,27 +79,59 @@ class Build:
 
 
 class Template(ABC):
-    """A kernel family. Subclasses set the class attributes and implement the methods."""
+    """A kernel family. Subclasses set the class attributes and implement the methods
+    (docs/plugins.md is the contract; templates/checks.py checks it at registration)."""
 
     name: ClassVar[str]
     spec_fields: ClassVar[tuple[str, ...]]
-    # Every file (relative to the mono_jit package) a build imports: the template's own modules
-    # and what they import from mono_jit, transitively. Their digest is part of the key, so an
-    # edit to any of them (a width in model.py, a residency figure in resources.py) is a new key.
+    # Every file a build imports, relative to the folder of the top-level package that defines
+    # the class (mono_jit/ for the built-ins): the template's own modules and what they import,
+    # transitively. Their digest is part of the key, so an edit to any of them (a width in
+    # model.py, a residency figure in resources.py) is a new key.
     source_files: ClassVar[tuple[str, ...]]
     persistent: ClassVar[bool] = False
     budget: ClassVar[Budget] = Budget()
-    kernel_module: ClassVar[str]  # module (relative to this package) with build(spec) -> Build
+    # Module with build(spec) -> Build; a leading '.' is relative to the class's package, as in
+    # a relative import written in the module that defines the class.
+    kernel_module: ClassVar[str]
     # Whether the runner may serve a layer with it; a template that builds and tests but cannot
     # finish a layer yet says why in `not_serving`, and a runner whose grid needs it declines.
     serves: ClassVar[bool] = True
     not_serving: ClassVar[str] = ""
 
-    def source_digest(self, package_dir: Path = PACKAGE_DIR) -> str:
-        """sha256 over (path, bytes) of every source file. Memoised per process by the files'
-        stat signatures (size, mtime, inode), so a grid of keys reads and hashes each template's
-        sources once, and an edited file is read again. A file modified in the last two seconds
-        is never memoised (an edit within the clock's granularity could keep its mtime)."""
+    @classmethod
+    def package(cls) -> str:
+        """The package that defines the class (the module itself when it is a package)."""
+        module = sys.modules[cls.__module__]
+        return cls.__module__ if hasattr(module, "__path__") else cls.__module__.rpartition(".")[0]
+
+    @classmethod
+    def source_root(cls) -> Path:
+        """The folder `source_files` are relative to: that of the class's top-level package (or,
+        for a top-level module, the folder holding it). ValueError when there is none."""
+        top = cls.__module__.partition(".")[0]
+        module = sys.modules[top]
+        if getattr(module, "__file__", None):
+            return Path(module.__file__).resolve().parent
+        folders = list(getattr(module, "__path__", ()))
+        if len(folders) != 1:
+            raise ValueError(f"the top-level package {top!r} is a namespace package over {len(folders)} folders: "
+                             "source_files cannot be placed; give it an __init__.py")
+        return Path(folders[0]).resolve()
+
+    @classmethod
+    def kernel_module_name(cls) -> str:
+        """kernel_module as an absolute module name."""
+        return importlib.util.resolve_name(cls.kernel_module, cls.package())
+
+    def source_digest(self, package_dir: Path | None = None) -> str:
+        """sha256 over (path, bytes) of every source file, under `package_dir` (default: the
+        class's source root). Memoised per process by the files' stat signatures (size, mtime,
+        inode), so a grid of keys reads and hashes each template's sources once, and an edited
+        file is read again. A file modified in the last two seconds is never memoised (an edit
+        within the clock's granularity could keep its mtime)."""
+        if package_dir is None:
+            package_dir = self.source_root()
         files = sorted(set(self.source_files))
         folder = os.fspath(package_dir)
         stamp = []
@@ -133,5 +167,4 @@ class Template(ABC):
 
     def build(self, spec: Spec) -> Build:
         """Trace-ready launcher and placeholders (imports FlyDSL and torch)."""
-        module = importlib.import_module(self.kernel_module, __package__)
-        return module.build(spec)
+        return importlib.import_module(self.kernel_module_name()).build(spec)

@@ -44,11 +44,9 @@ from __future__ import annotations
 from ...resources import Budget
 from ...spec import Spec
 from ..base import COMMON_SOURCES, Argument, LaunchShape, Template, WorkBuffer
-from ..registry import register
 from .layout import CTAS, PIN_LDS_BYTES, THREADS, K1Layout
 
 
-@register
 class K1Template(Template):
     name = "k1"
     spec_fields = ("tp", "max_tokens")
@@ -56,7 +54,7 @@ class K1Template(Template):
         "templates/_sync.py", "templates/sync_area.py", "templates/_numerics.py", "templates/_gemv.py",
         "templates/_seam.py", "templates/k1/__init__.py", "templates/k1/layout.py",
         "templates/k1/addressing.py", "templates/k1/reference.py", "templates/k1/kernel.py")
-    kernel_module = ".k1.kernel"
+    kernel_module = ".kernel"
     persistent = True
     budget = Budget(scratch_bytes=0, spills=0)
 

@@ -64,14 +64,12 @@ from __future__ import annotations
 from ...resources import Budget
 from ...spec import Spec
 from ..base import COMMON_SOURCES, Argument, LaunchShape, Template, WorkBuffer
-from ..registry import register
 from .layout import PAIR_BYTES, PIN_LDS_BYTES, STATE_TABLE, WEIGHT_TABLE, K2Layout
 from ..k1.layout import CTAS, THREADS
 
 PEERS = 8
 
 
-@register
 class K2Template(Template):
     name = "k2"
     spec_fields = ("tp", "ratio", "topk_width", "max_tokens")
@@ -81,7 +79,7 @@ class K2Template(Template):
         "templates/k1/reference.py", "templates/keytable/__init__.py", "templates/keytable/kernel.py",
         "templates/keytable/reference.py", "templates/k2/__init__.py", "templates/k2/layout.py",
         "templates/k2/reference.py", "templates/k2/addressing.py", "templates/k2/kernel.py")
-    kernel_module = ".k2.kernel"
+    kernel_module = ".kernel"
     persistent = True
     budget = Budget(scratch_bytes=0, spills=0)
     serves = False

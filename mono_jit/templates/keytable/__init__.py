@@ -20,15 +20,13 @@ from __future__ import annotations
 from ... import model
 from ...spec import Spec
 from ..base import COMMON_SOURCES, Argument, LaunchShape, Template
-from ..registry import register
 
 
-@register
 class KeyTableTemplate(Template):
     name = "keytable"
     spec_fields = ("ratio", "topk_width", "max_tokens")
     source_files = COMMON_SOURCES + ("templates/keytable/__init__.py", "templates/keytable/kernel.py")
-    kernel_module = ".keytable.kernel"
+    kernel_module = ".kernel"
 
     def launch_shape(self, spec: Spec) -> LaunchShape:
         # One wave per row; the compaction is a wave-wide prefix count.

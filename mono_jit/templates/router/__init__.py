@@ -17,17 +17,15 @@ from __future__ import annotations
 from ... import model
 from ...spec import Spec
 from ..base import COMMON_SOURCES, Argument, LaunchShape, Template
-from ..registry import register
 
 BLOCK = 256  # 4 waves: each wave computes a quarter of the 384 logits, then wave 0 picks top-6
 
 
-@register
 class RouterTemplate(Template):
     name = "router"
     spec_fields = ("max_tokens",)
     source_files = COMMON_SOURCES + ("templates/router/__init__.py", "templates/router/kernel.py")
-    kernel_module = ".router.kernel"
+    kernel_module = ".kernel"
 
     def launch_shape(self, spec: Spec) -> LaunchShape:
         # One CTA per row; CTAs past the runtime M return at once.

@@ -1,0 +1,166 @@
+"""The template contract, checked where a mistake would otherwise pass silently.
+
+At registration (`checked_template`): the class's name, Spec fields, source files and kernel
+module, so a typo fails with the plug-in's name instead of keying builds wrongly (a dropped
+spec field gave the runtime another bucket's kernel). Before compiling (`launch_shape`,
+`arguments`): the template's answers for one spec are plain constants of the right types.
+After compiling (`match_kernargs`): the declared arguments are the compiled kernel's kernargs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import re
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from ..errors import TemplateError
+from ..resources import LDS_PER_CU, Budget
+from ..spec import SPEC_FIELDS, Spec
+from .base import Argument, LaunchShape, Template
+
+# A template name is a word of the CLI's comma lists and of file names.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_ARGUMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_BLOCK = 1024  # threads per workgroup on gfx950
+MAX_GRID = 2**31 - 1
+# torch dtype names a tensor argument may declare (the runtime compares str(tensor.dtype)).
+TENSOR_DTYPES = frozenset({
+    "bool", "uint8", "int8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "bfloat16",
+    "float32", "float64", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
+})
+
+
+def checked_template(cls: Any, name: str, source: str) -> Template:
+    """An instance of `cls`, declared as `name` by `source`, after the contract's class checks."""
+    where = f"template {name!r} ({source})"
+    if not (isinstance(cls, type) and issubclass(cls, Template)):
+        raise TemplateError(f"{where}: {cls!r} is not a subclass of mono_jit.templates.Template")
+    declared = getattr(cls, "name", None)
+    if declared != name:
+        raise TemplateError(f"{where}: the class's name is {declared!r}; it must be the entry point's name {name!r}")
+    if not _NAME.fullmatch(name):
+        raise TemplateError(f"{where}: name {name!r}: expected letters, digits, '_', '.' or '-'")
+    _check_spec_fields(cls, where)
+    _check_source_files(cls, where)
+    _check_kernel_module(cls, where)
+    if not isinstance(getattr(cls, "persistent", None), bool):
+        raise TemplateError(f"{where}: persistent={cls.persistent!r}: expected True or False")
+    if not isinstance(getattr(cls, "budget", None), Budget):
+        raise TemplateError(f"{where}: budget={cls.budget!r}: expected a mono_jit.resources.Budget")
+    try:
+        return cls()
+    except TypeError as exc:  # abstract methods left unimplemented
+        raise TemplateError(f"{where}: cannot be instantiated: {exc}") from None
+
+
+def _strings(cls: type, attribute: str, where: str) -> tuple[str, ...]:
+    value = getattr(cls, attribute, None)
+    if isinstance(value, str) or not isinstance(value, (tuple, list)) or not all(isinstance(v, str) for v in value):
+        raise TemplateError(f"{where}: {attribute}={value!r}: expected a tuple of strings")
+    return tuple(value)
+
+
+def _check_spec_fields(cls: type, where: str) -> None:
+    for field in _strings(cls, "spec_fields", where):
+        if field not in SPEC_FIELDS:
+            raise TemplateError(f"{where}: spec_fields names {field!r}, which is not a Spec field "
+                                f"(expected some of {', '.join(SPEC_FIELDS)})")
+
+
+def _check_source_files(cls: type, where: str) -> None:
+    files = _strings(cls, "source_files", where)
+    if not files:
+        raise TemplateError(f"{where}: source_files is empty: list every file a build reads, so an edit is a new key")
+    try:
+        root = cls.source_root()
+    except ValueError as exc:
+        raise TemplateError(f"{where}: {exc}") from None
+    for rel in files:
+        parts = PurePosixPath(rel).parts
+        if not parts or PurePosixPath(rel).is_absolute() or ".." in parts:
+            raise TemplateError(f"{where}: source file {rel!r}: expected a path inside {root} (relative, no '..')")
+        if not (root / rel).is_file():
+            raise TemplateError(f"{where}: source file {rel!r} is not a file in {root} (source_files are relative "
+                                "to the folder of the class's top-level package)")
+
+
+def _check_kernel_module(cls: type, where: str) -> None:
+    module = getattr(cls, "kernel_module", None)
+    if not isinstance(module, str) or not module.strip("."):
+        raise TemplateError(f"{where}: kernel_module={module!r}: expected a module name, e.g. '.kernel'")
+    try:
+        absolute = cls.kernel_module_name()
+        found = importlib.util.find_spec(absolute) is not None
+    except (ImportError, ValueError):
+        absolute, found = module, False
+    if not found:
+        raise TemplateError(f"{where}: kernel_module {module!r}: no module {absolute} (a leading '.' is relative "
+                            f"to {cls.package()}, the package that defines the class)")
+
+
+def _positive_ints(values: Any, what: str, label: str, limit: int) -> None:
+    if not isinstance(values, tuple) or len(values) != 3:
+        raise TemplateError(f"{label}: launch_shape {what}={values!r}: expected a tuple of three integers")
+    for axis, value in zip("xyz", values):
+        if type(value) is not int:
+            raise TemplateError(
+                f"{label}: launch_shape {what}.{axis}={value!r} ({type(value).__name__}) is not a constant: a launch "
+                "shape must be Python ints fixed by the spec (every launch of a build uses the shape its entry "
+                "records, so it cannot depend on a runtime argument)")
+        if not 1 <= value <= limit:
+            raise TemplateError(f"{label}: launch_shape {what}.{axis}={value}: expected 1 to {limit}")
+
+
+def launch_shape(template: Template, spec: Spec, label: str) -> LaunchShape:
+    """The template's launch shape for `spec`, checked to be constants a launch can use."""
+    shape = template.launch_shape(spec)
+    if not isinstance(shape, LaunchShape):
+        raise TemplateError(f"{label}: launch_shape returned {shape!r}: expected a LaunchShape")
+    _positive_ints(shape.grid, "grid", label, MAX_GRID)
+    _positive_ints(shape.block, "block", label, MAX_BLOCK)
+    if math.prod(shape.block) > MAX_BLOCK:
+        raise TemplateError(f"{label}: launch_shape block={shape.block}: more than {MAX_BLOCK} threads")
+    if type(shape.dynamic_lds) is not int or not 0 <= shape.dynamic_lds <= LDS_PER_CU:
+        raise TemplateError(f"{label}: launch_shape dynamic_lds={shape.dynamic_lds!r}: expected a constant "
+                            f"int from 0 to {LDS_PER_CU} bytes")
+    return shape
+
+
+def arguments(template: Template, spec: Spec, label: str) -> tuple[Argument, ...]:
+    """The template's arguments for `spec`, checked: named once each, of a kind and dtype the
+    runtime can pack."""
+    declared = template.arguments(spec)
+    if not isinstance(declared, tuple) or not all(isinstance(a, Argument) for a in declared):
+        raise TemplateError(f"{label}: arguments returned {declared!r}: expected a tuple of Argument")
+    seen: set[str] = set()
+    for argument in declared:
+        if not isinstance(argument.name, str) or not _ARGUMENT.fullmatch(argument.name) or argument.name in seen:
+            raise TemplateError(f"{label}: argument name {argument.name!r}: expected a distinct identifier")
+        seen.add(argument.name)
+        if argument.kind not in ("tensor", "i32"):
+            raise TemplateError(f"{label}: argument {argument.name!r} kind {argument.kind!r}: expected 'tensor' "
+                                "(a 1-D buffer: pointer + i32 length) or 'i32'")
+        if argument.kind == "tensor" and argument.dtype not in TENSOR_DTYPES:
+            raise TemplateError(f"{label}: argument {argument.name!r} dtype {argument.dtype!r}: expected a torch "
+                                f"dtype name ({', '.join(sorted(TENSOR_DTYPES))})")
+        if argument.kind == "i32" and argument.dtype != "int32":
+            raise TemplateError(f"{label}: argument {argument.name!r}: an i32 scalar has dtype 'int32', "
+                                f"not {argument.dtype!r}")
+    return declared
+
+
+def match_kernargs(label: str, declared: tuple[Argument, ...], kernel: Any) -> None:
+    """Raise unless the compiled `kernel`'s explicit kernargs are exactly `declared`'s (a tensor
+    is a pointer and its i32 extent, an i32 one value): what the runtime will pack."""
+    from ..errors import MonoJitError
+    from ..runtime.kernargs import layout
+
+    meta = {"template": label, "arguments": [a.as_dict() for a in declared], "kernels": [kernel.as_dict()]}
+    try:
+        layout(meta)
+    except MonoJitError as exc:
+        names = ", ".join(f"{a.name}:{a.kind}" for a in declared)
+        raise TemplateError(f"{exc} (kernel {kernel.name}; arguments() declares {names}; the launcher's "
+                            "parameters must be these, in this order: 1-D tensors and fx.Int32)") from None
