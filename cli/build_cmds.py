@@ -42,10 +42,11 @@ timeout_option = click.option("--timeout", type=click.FloatRange(min=1), default
 def prebuild(tp, max_model_len, max_tokens, ratio, templates, arch, jobs, timeout, image_layer, cache_dir, as_json):
     """Compile every kernel a deployment needs into the cache (no GPU needed).
 
-    Defaults build DeepSeek-V4-Pro at TP8 with a 1M context for gfx950: every template at every
-    ratio and max-tokens bucket. A second run is all hits. Exits 1 if any build failed. With
-    --image-layer, the entries are also published into that folder for a container image's
-    serving user (README, "Image layers").
+    Defaults build DeepSeek-V4-Pro at TP8 with a 1M context for gfx950: the decode layer's
+    templates (k1, k2) at every ratio and max-tokens bucket; plug-ins and stand-alone templates
+    only when named or in MONO_JIT_PREBUILD_TEMPLATES. A second run is all hits. Exits 1 if any
+    build failed. With --image-layer, the entries are also published into that folder for a
+    container image's serving user (README, "Image layers").
     """
     settings = settings_for(cache_dir)
     try:

@@ -66,6 +66,10 @@ def config(as_json):
     """Show every setting in force, the variable that sets it and where its value came from."""
     rows = [{"name": s.name, "env": s.env, "value": s.value, "source": s.source, "help": s.help}
             for s in Settings().items()]
+    removed = api.worker_env_removed()
+    rows.append({"name": "worker_env_removed", "env": "FLYDSL_*, ARCH, COMPILE_ONLY, HSA_OVERRIDE_GFX_VERSION",
+                 "value": [f"{k}={v}" for k, v in removed.items()], "source": "env" if removed else "default",
+                 "help": "variables of this environment that compile workers run without (they change FlyDSL's output)"})
     if as_json:
         emit_json("config", {"settings": rows})
         return

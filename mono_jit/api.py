@@ -78,15 +78,16 @@ def prebuild(templates: Iterable[str | Template] | None = None, *, tp: int = 8,
              ratios: Iterable[int] = RATIOS, arch: str = "gfx950", jobs: int | None = None, timeout: float = 600.0,
              image_layer: Path | None = None, settings: Settings | None = None,
              progress: Progress | None = None) -> PrebuildReport:
-    """Compile every template (default: all registered) at every spec of the deployment grid
+    """Compile the templates (default: the layer's, prebuild.default_templates) at every spec of the deployment grid
     into the writable cache; a failed build is in the report, never raised. With `image_layer`
     and no failure, the run's entries are also published there as a read-only layer any user
     can read (cache/layer.py)."""
-    from .prebuild import prebuild as run
+    from .prebuild import default_templates, prebuild as run
 
     settings, progress = _settings(settings), progress or Silent()
     specs = deployment_grid(tp, max_model_len, max_tokens, ratios, arch)
-    summary, planned = run(_templates(templates), specs, settings, jobs=jobs or default_jobs(), timeout=timeout,
+    chosen = _templates(templates) if templates is not None else _templates(default_templates(settings))
+    summary, planned = run(chosen, specs, settings, jobs=jobs or default_jobs(), timeout=timeout,
                            progress=lambda event, job, detail: progress.finished(event, job.label, detail),
                            on_plan=progress.planned)
     report = PrebuildReport(summary.compiled, summary.hits, summary.failed, summary.entries, round(summary.seconds, 3),
@@ -191,6 +192,14 @@ def export(bundle: Path, *, templates: Iterable[str] | None = None, settings: Se
     entries = [e for e in Store(_settings(settings)).served()
                if names is None or e.meta["template"] in names]
     return export_bundle(bundle, entries)
+
+
+def worker_env_removed() -> dict[str, str]:
+    """The variables of this environment that compile workers run without (they would change
+    FlyDSL's output: toolchain.removed_variables), for `mono-jit config`."""
+    from .toolchain import removed_variables
+
+    return removed_variables()
 
 
 def import_bundle(bundle: Path, *, sha256: str | None = None, settings: Settings | None = None) -> dict:

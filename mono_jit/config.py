@@ -52,6 +52,13 @@ def _default_cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("mono-jit"))
 
 
+def _words(text: str) -> tuple[str, ...]:
+    words = tuple(w.strip() for w in text.split(",") if w.strip())
+    if not words:
+        raise ValueError("expected a comma list of template names")
+    return words
+
+
 def _seconds(text: str) -> float:
     value = float(text)
     if value <= 0:
@@ -106,6 +113,8 @@ _TABLE: tuple[tuple[str, str, Callable[[str], object], Callable[[], object], str
      "registries (host:port, comma-separated) reached over plain HTTP; every other one needs HTTPS"),
     ("remote_timeout", "MONO_JIT_REMOTE_TIMEOUT", _seconds, lambda: 10.0,
      "seconds one registry request may take before the registry counts as down"),
+    ("prebuild_templates", "MONO_JIT_PREBUILD_TEMPLATES", _words, tuple,
+     "templates a plain `mono-jit prebuild` builds besides the layer's (plug-ins, router, keytable; comma list)"),
     ("backend", "MONO_JIT_BACKEND", _backend, lambda: "hip",
      "how the runner runs the kernels: hip (the cached code objects) or reference (their torch references)"),
 )

@@ -90,7 +90,13 @@ def doctor(settings: Settings, deep: bool = False) -> Checks:
 
     checks.run("toolchain", toolchain)
     checks.run("cache", cache)
-    checks.run("templates", lambda: sorted(all_templates()))
+    def templates():
+        broken = problems()  # plug-ins that failed to import or register: named, not hidden
+        if broken:
+            raise MonoJitError(" | ".join(broken.values()))
+        return sorted(all_templates())
+
+    checks.run("templates", templates)
     if deep:
         checks.run("flydsl_files", flydsl_files)
     return checks

@@ -6,6 +6,8 @@ key's lock (so a concurrent prebuild or serving process never compiles the same 
 While this run holds any lock it only tries locks (a busy key is tried again later) and waits
 for one only when it holds none, so two prebuilds ordering keys differently never deadlock. A
 disk error fails its job with a one-line reason; a full or read-only disk stops the run cleanly.
+A template whose own code fails while its jobs are planned (its sources, its launch shape or
+arguments for a spec) fails those jobs, each with the reason; the other templates build.
 """
 
 from __future__ import annotations
@@ -26,12 +28,26 @@ from .compiler import compile_here
 from .config import Settings
 from .errors import MonoJitError
 from .spec import Spec
-from .templates import Template
+from .templates import Template, names
 from .toolchain import compile_environment, resolve_toolchain
 from .workers import Outcome, WorkerPool
 
+
+@dataclass(frozen=True)
+class PlanFailure:
+    """A template at a spec that could not be planned: the template's code raised (a missing
+    source file, a launch shape that is not constant, ...). It fails as a job, with no key."""
+
+    template: Template
+    spec: Spec
+    label: str
+    fields: dict
+    error: str
+    key: None = None
+
+
 # (event, job, detail): event is "hit", "compiled" or "failed".
-ProgressCallback = Callable[[str, BuildJob, str], None]
+ProgressCallback = Callable[[str, "BuildJob | PlanFailure", str], None]
 
 
 @dataclass
@@ -51,9 +67,9 @@ class PrebuildSummary:
         self.record(job, entry)
         notify("hit", job, "")
 
-    def fail(self, job: BuildJob, message: str, notify: ProgressCallback) -> None:
-        self.failed.append({"key": job.key, "template": job.template.name,
-                            "spec": job.template.key_spec(job.spec), "error": message})
+    def fail(self, job: BuildJob | PlanFailure, message: str, notify: ProgressCallback) -> None:
+        fields = job.fields if isinstance(job, PlanFailure) else job.template.key_spec(job.spec)
+        self.failed.append({"key": job.key, "template": job.template.name, "spec": fields, "error": message})
         notify("failed", job, message)
 
     def as_dict(self) -> dict:
@@ -61,13 +77,55 @@ class PrebuildSummary:
                 "failures": self.failed, "entries": self.entries, "seconds": round(self.seconds, 3)}
 
 
-def plan(templates: Iterable[Template], specs: Iterable[Spec], toolchain_fingerprint: dict) -> list[BuildJob]:
+def default_templates(settings: Settings) -> list[str]:
+    """What a prebuild without named templates builds: the decode layer's templates that are
+    registered (mono_jit.runtime.kernels.LAYER_TEMPLATES), then those MONO_JIT_PREBUILD_TEMPLATES
+    names (plug-ins and stand-alone templates are built only when named or configured)."""
+    from .runtime.kernels import LAYER_TEMPLATES
+
+    registered = set(names())
+    chosen = [name for name in LAYER_TEMPLATES if name in registered]
+    chosen += [name for name in settings.prebuild_templates if name not in chosen]  # type: ignore[attr-defined]
+    if not chosen:
+        raise MonoJitError(f"none of the layer's templates ({', '.join(LAYER_TEMPLATES)}) is registered and "
+                           "MONO_JIT_PREBUILD_TEMPLATES names none: is mono-jit installed (pip install -e .)?")
+    return chosen
+
+
+def _plan_failure(template: Template, spec: Spec, exc: Exception) -> PlanFailure:
+    try:
+        fields = template.key_spec(spec)
+    except Exception:  # a template's own key_spec may be what failed
+        fields = spec.as_dict()
+    label = f"{template.name}({', '.join(f'{k}={v}' for k, v in fields.items())})"
+    error = str(exc) if isinstance(exc, MonoJitError) else f"{label}: {type(exc).__name__} while planning: {exc}"
+    return PlanFailure(template, spec, label, fields, error)
+
+
+def plan(templates: Iterable[Template], specs: Iterable[Spec],
+         toolchain_fingerprint: dict) -> tuple[list[BuildJob], list[PlanFailure]]:
+    """The jobs, one per distinct key, each checked before compiling; and the (template, spec)
+    pairs whose planning raised, one per distinct label. One template's failure is its own."""
+    specs = list(specs)
     jobs: dict[str, BuildJob] = {}
+    failures: dict[str, PlanFailure] = {}
     for template in templates:
+        try:
+            digest, broken = template.source_digest(), None
+        except Exception as exc:  # a plug-in's sources: whatever it raises fails its jobs only
+            digest, broken = "", exc
         for spec in specs:
-            job = BuildJob.plan(template, spec, toolchain_fingerprint)
-            jobs.setdefault(job.key, job)
-    return list(jobs.values())
+            try:
+                if broken is not None:
+                    raise broken
+                job = BuildJob.plan(template, spec, toolchain_fingerprint, digest)
+                job.check()
+            except Exception as exc:
+                failure = _plan_failure(template, spec, exc)
+                failures.setdefault(failure.label, failure)
+            else:
+                jobs.setdefault(job.key, job)
+    return list(jobs.values()), list(failures.values())
 
 
 def prebuild(templates: list[Template], specs: list[Spec], settings: Settings, *, jobs: int, timeout: float,
@@ -81,11 +139,13 @@ def prebuild(templates: list[Template], specs: list[Spec], settings: Settings, *
         toolchain = resolve_toolchain(settings)
     except OSError as exc:
         raise MonoJitError(disk_problem(exc, "cannot open the cache", settings.writable_root)) from None
-    planned = plan(templates, specs, toolchain.fingerprint)
+    planned, unplannable = plan(templates, specs, toolchain.fingerprint)
     if on_plan is not None:
-        on_plan(len(planned))
+        on_plan(len(planned) + len(unplannable))
     summary = PrebuildSummary()
     notify = progress or (lambda *_: None)
+    for failure in unplannable:
+        summary.fail(failure, failure.error, notify)
     misses = []
     for job in planned:
         entry = store.lookup(job.key, job.arch)

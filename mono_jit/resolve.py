@@ -79,7 +79,8 @@ def prebuild_command(job: BuildJob) -> str:
 
 
 def compile_job(job: BuildJob, store: Store, env: dict[str, str], timeout: float) -> Entry:
-    """Compile one job in a fresh worker and publish it (the caller holds the key's lock)."""
+    """Check one job, compile it in a fresh worker and publish it (the caller holds the key's lock)."""
+    job.check()
     from .compiler import compile_here  # the miss path only: a hit never loads the compile side
     from .workers import WorkerPool
 

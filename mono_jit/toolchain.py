@@ -18,7 +18,7 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Mapping
 
 from mono_jit.cache.digest import sha256
 from mono_jit.cache.fs import make_dirs, read_regular, remove, write_new
@@ -385,6 +385,14 @@ def _resolve_toolchain(settings: Settings) -> Toolchain:
     return Toolchain(linker, bitcode, fingerprint, system, toolchain_dir)
 
 
+def removed_variables(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables of `base` (default: os.environ) that compile workers run without: FlyDSL's
+    (FLYDSL_*) and those FlyDSL reads bare (ARCH, COMPILE_ONLY, HSA_OVERRIDE_GFX_VERSION); any
+    of them can change or break the bytes. `mono-jit config` lists them."""
+    source = os.environ if base is None else base
+    return {k: v for k, v in sorted(source.items()) if k in _UNSAFE_ENV or k.startswith(_UNSAFE_ENV_PREFIXES)}
+
+
 def compile_environment(toolchain: Toolchain, arch: str, base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment a compile worker runs with: explicit arch, our ROCm root, no FlyDSL knobs.
 
@@ -392,10 +400,9 @@ def compile_environment(toolchain: Toolchain, arch: str, base: dict[str, str] | 
     nothing; a bare COMPILE_ONLY makes compile return None; FLYDSL_DEBUG_* embeds paths. Its
     own disk cache is off: our cache is the only one, and its 0600 pickles would not be shared.
     """
-    env = {
-        k: v for k, v in (os.environ if base is None else base).items()
-        if k not in _UNSAFE_ENV and not k.startswith(_UNSAFE_ENV_PREFIXES)
-    }
+    source = os.environ if base is None else base
+    removed = removed_variables(source)
+    env = {k: v for k, v in source.items() if k not in removed}
     env.update(
         FLYDSL_GPU_ARCH=arch,
         ROCM_PATH=str(toolchain.rocm_path),
