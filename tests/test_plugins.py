@@ -51,8 +51,8 @@ class Plug(Template):
 def plugins(tmp_path, monkeypatch):
     """install(package, **class fields): a plug-in package in tmp_path, declared by an entry
     point beside the real declarations; the registry is restored afterwards."""
-    for attr in ("_registry", "_added", "_failed"):
-        monkeypatch.setattr(registry, attr, dict(getattr(registry, attr)))
+    for attr in ("_registry", "_added", "_failed"):  # as in a fresh process: nothing loaded yet
+        monkeypatch.setattr(registry, attr, {})
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(sys, "dont_write_bytecode", True)  # files rewritten within a second stay fresh
     extra: list[discovery.Declaration] = []

@@ -48,7 +48,9 @@ def register(template_cls: type[Template]) -> type[Template]:
     must be free. Usable as a decorator."""
     name = getattr(template_cls, "name", None)
     source = f"{template_cls.__module__}:{template_cls.__qualname__}"
-    taken = [d.source for d in _declared().get(name, [])] if isinstance(name, str) else []
+    if not isinstance(name, str):
+        raise TemplateError(f"{source}: name={name!r}: expected the template's name")
+    taken = [d.source for d in _declared().get(name, [])]
     if name in _added and _added[name] != source:
         taken.append(_added[name])
     if taken:
