@@ -173,6 +173,8 @@ def test_register_refuses_a_declared_name(plugins):
 
     with pytest.raises(TemplateError, match="'router' is declared twice: by mono-jit .* and by test_plugins:"):
         register(Shadow)
+    with pytest.raises(TemplateError, match="declared by the entry point mono-jit .*: drop the register\\(\\) call"):
+        register(type(get("router")))  # the old decorator in a built-in package
 
 
 # --- before compiling: the template's answers for a spec --------------------------------------

@@ -50,7 +50,11 @@ def register(template_cls: type[Template]) -> type[Template]:
     source = f"{template_cls.__module__}:{template_cls.__qualname__}"
     if not isinstance(name, str):
         raise TemplateError(f"{source}: name={name!r}: expected the template's name")
-    taken = [d.source for d in _declared().get(name, [])]
+    declared = _declared().get(name, [])
+    if any(d.target() == (template_cls.__module__, template_cls.__qualname__) for d in declared):
+        raise TemplateError(f"template {name!r} is declared by the entry point {declared[0].source}: drop the "
+                            "register() call, the entry point registers it")
+    taken = [d.source for d in declared]
     if name in _added and _added[name] != source:
         taken.append(_added[name])
     if taken:
