@@ -69,7 +69,7 @@ def config(as_json):
     removed = api.worker_env_removed()
     rows.append({"name": "worker_env_removed", "env": "FLYDSL_*, ARCH, COMPILE_ONLY, HSA_OVERRIDE_GFX_VERSION",
                  "value": [f"{k}={v}" for k, v in removed.items()], "source": "env" if removed else "default",
-                 "help": "variables of this environment that compile workers run without (they change FlyDSL's output)"})
+                 "help": "variables here that compile workers run without (they change FlyDSL's output)"})
     if as_json:
         emit_json("config", {"settings": rows})
         return

@@ -195,7 +195,8 @@ def test_a_launch_shape_that_is_not_constant_fails_before_compiling(plugins, mon
     assert planned == [] and summary.compiled == 0
     (failure,) = summary.failed
     assert failure["key"] is None and failure["template"] == "plug_grid"
-    assert expected in failure["error"] and failure["error"].startswith("plug_grid(max_tokens=1, arch=gfx950): launch_shape ")
+    assert failure["error"].startswith("plug_grid(max_tokens=1, arch=gfx950): launch_shape ")
+    assert expected in failure["error"]
 
 
 def test_an_argument_dtype_typo_fails_before_compiling(plugins):
