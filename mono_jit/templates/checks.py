@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import re
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
 from ..errors import TemplateError
