@@ -290,7 +290,7 @@ def test_config_lists_the_flydsl_variables_compile_workers_drop(monkeypatch):
     env = {"FLYDSL_RUNTIME_CACHE_DIR": "/tmp/x", "ARCH": "x86_64", "COMPILE_ONLY": "1", "KEEP_ME": "1"}
     result = CliRunner().invoke(main, ["config", "--json"], env=env)
     assert result.exit_code == 0, result.output
-    row = {r["name"]: r for r in json.loads(result.output)}["worker_env_removed"]
+    row = {r["name"]: r for r in json.loads(result.output)["settings"]}["worker_env_removed"]
     assert row["value"] == ["ARCH=x86_64", "COMPILE_ONLY=1", "FLYDSL_RUNTIME_CACHE_DIR=/tmp/x"]
     text = CliRunner().invoke(main, ["config"], env=env).output
     assert "ARCH=x86_64, COMPILE_ONLY=1, FLYDSL_RUNTIME_CACHE_DIR=/tmp/x" in text

@@ -46,7 +46,7 @@ def test_the_installed_example_prebuilds_by_name(target, cache):
     assert {e["template"] for e in summary["entries"]} == {"vecadd"}
     listed = run([str(MONO_JIT), "list", "--json"], target, cache)
     assert listed.returncode == 0, listed.stderr[-2000:]
-    assert {row["template"] for row in json.loads(listed.stdout)} == {"vecadd"}
+    assert {row["template"] for row in json.loads(listed.stdout)["entries"]} == {"vecadd"}
 
 
 SERVE = """
