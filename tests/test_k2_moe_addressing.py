@@ -202,14 +202,13 @@ def test_the_fp4_lane_map_is_the_models():
 
 # -- an expert's GEMVs through the addressing ----------------------------------------------------
 
-def _activations(m: int, k: int, seed: int) -> Mxfp8Scratch:
-    """MXFP8 rows whose per-32 codes differ inside every 128-step, in K1's operand scratch."""
+def _activations(m: int, k: int, seed: int) -> tuple[Mxfp8Scratch, torch.Tensor]:
+    """MXFP8 rows whose per-32 codes differ inside every 128-step, in K1's operand scratch, and
+    their dequantised values."""
     g = torch.Generator().manual_seed(seed)
     block_scale = torch.exp2(torch.randint(-6, 7, (m, k // 32), generator=g).float())
     codes, scales = k1ref.mxfp8_quantize(torch.randn(m, k, generator=g) * block_scale.repeat_interleave(32, dim=1))
-    scratch = Mxfp8Scratch(codes, scales, m, 16, k)
-    scratch.values = k1ref.mxfp8_dequantize(codes, scales).double()
-    return scratch
+    return Mxfp8Scratch(codes, scales, m, 16, k), k1ref.mxfp8_dequantize(codes, scales).double()
 
 
 def _emulate(w: Expert, expert: int, acts: Mxfp8Scratch, m: int) -> torch.Tensor:
@@ -231,10 +230,10 @@ def _emulate(w: Expert, expert: int, acts: Mxfp8Scratch, m: int) -> torch.Tensor
 
 def test_gate_up_through_the_addressing_is_the_dequantised_gemv_interleaved_by_16_row_tiles(w13):
     m, expert = 5, EXPERTS - 1
-    acts = _activations(m, H, seed=13)
+    acts, x = _activations(m, H, seed=13)
     got = _emulate(w13, expert, acts, m)
     weight = w13.dequantised(expert)
-    gate, up = acts.values @ weight[:INTER].T, acts.values @ weight[INTER:].T
+    gate, up = x @ weight[:INTER].T, x @ weight[INTER:].T
     interleaved = torch.stack([gate.view(m, -1, 16), up.view(m, -1, 16)], dim=2).flatten(1)
     torch.testing.assert_close(got, interleaved, rtol=1e-9, atol=1e-9)
     for block in (0, 7, INTER // 16 - 1):  # tile 2 b: gate columns 16 b .., tile 2 b + 1: up
@@ -245,9 +244,9 @@ def test_gate_up_through_the_addressing_is_the_dequantised_gemv_interleaved_by_1
 
 def test_down_through_the_addressing_is_the_dequantised_gemv(w2):
     m, expert = 3, EXPERTS - 1
-    acts = _activations(m, INTER, seed=14)
+    acts, x = _activations(m, INTER, seed=14)
     got = _emulate(w2, expert, acts, m)
-    torch.testing.assert_close(got, acts.values @ w2.dequantised(expert).T, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(got, x @ w2.dequantised(expert).T, rtol=1e-9, atol=1e-9)
 
 
 @pytest.mark.parametrize("which", ["w13", "w2"])
