@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Set up mono-jit on a fresh Debian 12 machine: Debian's lld-22 / llvm-22 (an ld.lld that links
-# code object v6), the AMDGPU device bitcode and docker-registry (for the registry tests), then a
-# venv at .venv with mono-jit installed editable with its build and test extras. Safe to run again.
+# code object v6) and the AMDGPU device bitcode, then a venv at .venv with mono-jit installed
+# editable with its build and test extras. Safe to run again.
 #
 # --with-vllm: also put vLLM 0.33.0 into the same venv, lean (its pure-Python dependencies from
 # scripts/vllm-lean-requirements.txt, then vLLM with --no-deps, then no triton), for the tests in
-# tests/vllm/ that drive vLLM's real DeepSeek-V4 decoder layer and mono decode hook on the CPU.
+# tests/vllm/ that drive vLLM's real DeepSeek-V4 decoder layer and mono decode hook on the CPU,
+# and Debian's docker-registry, the OCI registry the registry tier's tests start on 127.0.0.1:
+# everything the test suite needs (the main job needs neither).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,7 +24,7 @@ need=()
 [ -x /usr/lib/llvm-22/bin/ld.lld ] || need+=(lld-22 llvm-22)
 ls /usr/lib/*/amdgcn/bitcode/ocml.bc >/dev/null 2>&1 || need+=(rocm-device-libs)
 # The registry tier's tests start Debian's OCI registry on 127.0.0.1 (tests/oci_registry.py).
-[ -x /usr/bin/docker-registry ] || need+=(docker-registry)
+[ "$with_vllm" = 0 ] || [ -x /usr/bin/docker-registry ] || need+=(docker-registry)
 if [ ${#need[@]} -gt 0 ]; then
   # Wait (up to 10 min) for another apt / dpkg holding its locks instead of failing at once.
   apt=(apt-get -o DPkg::Lock::Timeout=600 -q)
