@@ -73,8 +73,8 @@ def moe_input(x_norm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     experts alike. vLLM: the A8W4 path quantises the MoE input per 1 x 32 (fused_moe/experts/
     rocm_aiter_moe.py:274 rocm_aiter_fused_experts, QuantMethod.BLOCK_1X32, with AITER's a8w4
     branch chosen by AITER_BF16_FP8_MOE_BOUND=0 at fused_moe/oracle/mxfp4.py:1822). AITER seeds
-    its amax with 1e-10: that moves only a block whose amax is below 1e-10, and none of its
-    values (they quantise to 0 either way)."""
+    its amax with 1e-10 (fused_mx_quant_moe_sort, per the in-tree mono's stages/moe.py docstring):
+    that moves only the code of a block whose amax is below 1e-10, none of its values."""
     return k1.mxfp8_quantize(x_norm)
 
 
