@@ -56,6 +56,14 @@ class Argument:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def tensor(cls, name: str, dtype: str, doc: str) -> "Argument":
+        return cls(name, "tensor", dtype, doc)
+
+    @classmethod
+    def i32(cls, name: str, doc: str) -> "Argument":
+        return cls(name, "i32", "int32", doc)
+
 
 @dataclass(frozen=True)
 class WorkBuffer:

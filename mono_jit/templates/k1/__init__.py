@@ -63,8 +63,7 @@ class K1Template(Template):
 
     def arguments(self, spec: Spec) -> tuple[Argument, ...]:
         lay = K1Layout.of(spec)
-        t = lambda name, dtype, doc: Argument(name, "tensor", dtype, doc)  # noqa: E731
-        i = lambda name, doc: Argument(name, "i32", "int32", doc)  # noqa: E731
+        t, i = Argument.tensor, Argument.i32
         return (
             t("x", "bfloat16", "[M, 7168] previous FFN output"),
             t("residual", "bfloat16", "[M, 4, 7168] mHC streams"),

@@ -90,8 +90,7 @@ class K2Template(Template):
 
     def arguments(self, spec: Spec) -> tuple[Argument, ...]:
         lay = K2Layout.of(spec)
-        t = lambda name, dtype, doc: Argument(name, "tensor", dtype, doc)  # noqa: E731
-        i = lambda name, doc: Argument(name, "i32", "int32", doc)  # noqa: E731
+        t, i = Argument.tensor, Argument.i32
         return (
             t("positions", "int64", "[M]"),
             t("slot_mapping", "int64", "[M] SWA slots, -1 = graph padding"),

@@ -391,6 +391,12 @@ def _reduce_two_hops(owner, live, sources, gathered, mailbox, peers, tp, tag, y,
 
 # -- the kernel ------------------------------------------------------------------------------
 
+def _entry(table, names: tuple[str, ...], name: str, dtype, like):
+    """Entry `name` of an address table whose order is `names`, as a pointer to `dtype` (from
+    `like`'s f32 pointer type: its 4-byte alignment serves f32, bf16 and byte views)."""
+    return fx.recast_iter(dtype, table_pointer(table, names.index(name), like))
+
+
 ALL_STAGES = frozenset(range(1, 9))
 
 
@@ -435,11 +441,11 @@ def make_kernel(lay: K2Layout, stages: frozenset[int] = ALL_STAGES):
 
         def weight(name, dtype):
             """The layer's weight `name` (layout.WEIGHT_TABLE) as a pointer to `dtype`."""
-            return fx.recast_iter(dtype, table_pointer(Weights, WEIGHT_TABLE.index(name), Work))
+            return _entry(Weights, WEIGHT_TABLE, name, dtype, Work)
 
         def state(name, dtype):
             """The runner's buffer `name` (layout.STATE_TABLE) as a pointer to `dtype`."""
-            return fx.recast_iter(dtype, table_pointer(State, STATE_TABLE.index(name), Work))
+            return _entry(State, STATE_TABLE, name, dtype, Work)
 
         def layer_int(name):
             """An integer entry of the layer's table (a weight's stride or layout flag)."""
@@ -552,8 +558,9 @@ def make_kernel(lay: K2Layout, stages: frozenset[int] = ALL_STAGES):
                              state("post_out", fx.Float32), state("comb_out", fx.Float32),
                              typed_view(state("r_out", fx.BFloat16), fx.BFloat16, rows * STREAMS * H, VEC),
                              weight("ffn_norm", fx.BFloat16),
-                             typed_view(state("x_norm", fx.BFloat16), fx.BFloat16, rows * H, VEC), u8x8, u8, ad.mx_code_offset(lay.ffn_codes, row, 0, H),
-                             ad.mx_scale_offset(lay.ffn_scales, row, 0, H), row, tid, wave, lane)
+                             typed_view(state("x_norm", fx.BFloat16), fx.BFloat16, rows * H, VEC), u8x8, u8,
+                             ad.mx_code_offset(lay.ffn_codes, row, 0, H), ad.mx_scale_offset(lay.ffn_scales, row, 0, H),
+                             row, tid, wave, lane)
                 publish(Sync, lay.f_norm + row, tag, tid)
 
         leave(Sync, tag, CTAS, tid)
@@ -573,10 +580,9 @@ def build(spec: Spec, stages: frozenset[int] = ALL_STAGES) -> Build:
                   m: fx.Int32, rank: fx.Int32, swa_page_stride: fx.Int32, swa_block: fx.Int32,
                   comp_page_stride: fx.Int32, comp_block: fx.Int32, bt_stride: fx.Int32, per_page: fx.Int32,
                   stream: fx.Stream = fx.Stream(None)):
-        kernel(Positions, SlotMapping, SwaIndices, SwaLens, TopK, TokenReq, BlockTable, SwaCache, CompCache, Weights, State,
-               Sync, Work, Mailbox, Peers, m, rank,
-               swa_page_stride, swa_block,
-               comp_page_stride, comp_block, bt_stride, per_page).launch(
+        kernel(Positions, SlotMapping, SwaIndices, SwaLens, TopK, TokenReq, BlockTable, SwaCache, CompCache, Weights,
+               State, Sync, Work, Mailbox, Peers, m, rank, swa_page_stride, swa_block, comp_page_stride, comp_block,
+               bt_stride, per_page).launch(
             grid=(CTAS, 1, 1), block=(THREADS, 1, 1), smem=PIN_LDS_BYTES, stream=stream)
 
     return Build(launch_k2, placeholders(lay))

@@ -64,8 +64,8 @@ e.g. L = 11.8 us at the link's peak, or B = 32 GB/s effective at L = 5 us: 8-byt
 CU stores reach well under the link's peak. Both schemes sum in rank order in f32: same bits.
 
 Buffers (per K2 build, on every rank, allocated before capture): `sync` (int32, zeroed once),
-`work` (f32 words: the f32, key-table and byte regions), and the peer buffer (`peer_bytes`, symmetric across ranks, uncached,
-zeroed once, IPC-shared). The peer buffer belongs to the build's sync area: its tags are that
+`work` (f32 words: the f32, key-table and byte regions), and the peer buffer (`peer_bytes`,
+symmetric across ranks, uncached, zeroed once, IPC-shared). The peer buffer belongs to the build's sync area: its tags are that
 area's epochs, so two builds may not share one (an equal epoch of another area would read as
 this launch's), and every rank's area must hold the same epoch (all created, and dropped, together).
 """
