@@ -205,6 +205,19 @@ def new_ref(proxy: Proxy, tag: str = "t") -> str:
     return f"{proxy.host}/mono-jit/case{next(_REPOS)}-{os.getpid()}:{tag}"
 
 
+def pushed(proxy: Proxy, cache) -> str:
+    """A new reference holding `cache`'s entries (pushed through the CLI), the proxy's counts reset."""
+    from click.testing import CliRunner
+
+    from mono_jit.cli import main
+
+    ref = new_ref(proxy)
+    result = CliRunner().invoke(main, ["push", ref, "--insecure", "--cache-dir", str(cache)])
+    assert result.exit_code == 0, result.output
+    proxy.reset()
+    return ref
+
+
 def remote_env(proxy: Proxy, ref: str, **extra: str) -> dict[str, str]:
     """MONO_JIT_* settings for the read-through tier through `proxy` (plain HTTP: named insecure)."""
     return {"MONO_JIT_REMOTE": ref, "MONO_JIT_REMOTE_INSECURE": proxy.host, **extra}

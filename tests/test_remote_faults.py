@@ -11,7 +11,7 @@ import time
 import pytest
 from cache_settings import settings_at
 from click.testing import CliRunner
-from oci_registry import free_port, new_ref, oci_proxy, oci_registry, remote_env  # noqa: F401  (fixtures)
+from oci_registry import free_port, oci_proxy, oci_registry, pushed, remote_env  # noqa: F401  (fixtures)
 
 from mono_jit.cache import Store
 from mono_jit.cache.oci.artifact import A_ARCH, build_manifest, parse_manifest
@@ -23,14 +23,6 @@ from mono_jit.resolve import resolve_many
 from mono_jit.spec import Spec
 
 ROUTER = ("router", Spec(8, 4, 1024, 1))
-
-
-def pushed(proxy, cache) -> str:
-    ref = new_ref(proxy)
-    result = CliRunner().invoke(main, ["push", ref, "--insecure", "--cache-dir", str(cache)])
-    assert result.exit_code == 0, result.output
-    proxy.reset()
-    return ref
 
 
 def nothing_published(root) -> None:

@@ -11,23 +11,13 @@ import sys
 import time
 
 from cache_settings import SMALL_SPECS, settings_at
-from click.testing import CliRunner
-from oci_registry import new_ref, oci_proxy, oci_registry, remote_env  # noqa: F401  (fixtures)
+from oci_registry import new_ref, oci_proxy, oci_registry, pushed, remote_env  # noqa: F401  (fixtures)
 
 from mono_jit.cache import Store
-from mono_jit.cli import main
 from mono_jit.resolve import resolve_many
 from mono_jit.spec import Spec
 
 GRID = [(name, spec) for name in ("router", "keytable") for spec in SMALL_SPECS]
-
-
-def pushed(proxy, cache) -> str:
-    ref = new_ref(proxy)
-    result = CliRunner().invoke(main, ["push", ref, "--insecure", "--cache-dir", str(cache)])
-    assert result.exit_code == 0, result.output
-    proxy.reset()
-    return ref
 
 
 def test_a_miss_is_fetched_from_the_registry_not_compiled(warm_cache, tmp_path, oci_proxy):
