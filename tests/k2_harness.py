@@ -68,6 +68,7 @@ class K2Run:
             "r_out": torch.full((rows * 4 * H,), SENTINEL, dtype=bf16, device=device),
             "post_out": torch.full((rows * 4,), SENTINEL, device=device),
             "comb_out": torch.full((rows * 16,), SENTINEL, device=device),
+            "pre_out": torch.full((rows * 4,), SENTINEL, device=device),
             "x_norm": torch.full((rows * H,), SENTINEL, dtype=bf16, device=device)}
         self.state = torch.tensor([self.state_tensors[n].data_ptr() for n in STATE_TABLE], dtype=torch.int64).to(device)
         self.sync = torch.zeros(lay.sync_words, dtype=torch.int32, device=device)
@@ -95,7 +96,8 @@ class K2Run:
         m = self.m
         s = {n: t.cpu() for n, t in self.state_tensors.items()}
         return {"r": s["r_out"].view(-1, 4, H)[:m], "post": s["post_out"].view(-1, 4)[:m],
-                "comb": s["comb_out"].view(-1, 4, 4)[:m], "x_norm": s["x_norm"].view(-1, H)[:m]}
+                "comb": s["comb_out"].view(-1, 4, 4)[:m], "pre": s["pre_out"].view(-1, 4)[:m],
+                "x_norm": s["x_norm"].view(-1, H)[:m]}
 
     def scratch(self) -> dict[str, torch.Tensor]:
         """The work buffer's hand-off regions (K2Layout offsets)."""
@@ -165,14 +167,15 @@ class K2Run:
         got = self.outputs()
         close = torch.testing.assert_close
         checks = (("r", want.seam.r, 1e-2, 1e-3), ("post", want.seam.post, 1e-4, 1e-5),
-                  ("comb", want.seam.comb, 1e-3, 1e-4), ("x_norm", want.seam.x_norm, 2e-2, 2e-3))
+                  ("comb", want.seam.comb, 1e-3, 1e-4), ("pre", want.seam.pre, 1e-4, 1e-5),
+                  ("x_norm", want.seam.x_norm, 2e-2, 2e-3))
         for name, expected, worst, mean in checks:
             actual = got[name].float()
             close(actual, expected.float(), rtol=worst, atol=worst, msg=lambda text: f"{name}: {text}")
             error = (actual - expected.float()).abs().mean().item()
             assert error <= mean, f"{name}: mean error {error:.2e} > {mean:.0e}"
         for name, out in self.state_tensors.items():
-            if name in ("r_out", "post_out", "comb_out", "x_norm"):
+            if name in ("r_out", "post_out", "comb_out", "pre_out", "x_norm"):
                 tail = out.cpu()[self.m * out.numel() // self.lay.rows:]
                 assert tail.eq(SENTINEL).all(), f"{name}: rows past m were written"
 

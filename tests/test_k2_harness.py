@@ -78,6 +78,7 @@ def test_the_comparison_accepts_the_reference_and_rejects_a_wrong_value(shards, 
     run.state_tensors["r_out"][: want.seam.r.numel()] = want.seam.r.flatten()
     run.state_tensors["post_out"][: 4 * m] = want.seam.post.flatten()
     run.state_tensors["comb_out"][: 16 * m] = want.seam.comb.flatten()
+    run.state_tensors["pre_out"][: 4 * m] = want.seam.pre.flatten()
     run.state_tensors["x_norm"][: want.seam.x_norm.numel()] = want.seam.x_norm.flatten()
     run.check(want)
     run.state_tensors["x_norm"][5] += 1.0

@@ -14,7 +14,7 @@ Two halves, as K1's S1 / S2 tables split them (k1/layout.py):
 import operator
 
 import flydsl.expr as fx
-from flydsl.expr import gpu, range_constexpr
+from flydsl.expr import const_expr, gpu, range_constexpr
 
 from .. import model
 from ._dsl import butterfly, dsl, load, load_scalar, pointer_load, store, store_scalar, wave_sum
@@ -71,11 +71,12 @@ def fold_row(residual, post_mix, res_mix, r_out, x_at, do_fold, fn, red, f32, pa
 
 @dsl
 def seam_row(f32, partials_at, gate, red, hc_base, hc_scale, post_out, comb_out, r_out8, norm, x_norm8, u8x8, u8,
-             codes_at, scales_at, row, tid, wave, lane):
+             codes_at, scales_at, row, tid, wave, lane, pre_out=None):
     """Row `row`'s gate from its 56 x 25 partials at `partials_at`, then the collapse, the norm
     (bf16 weight at pointer `norm`) to x_norm8 and its MXFP8 (codes at `codes_at`, E8M0 at
     `scales_at`); hc_base / hc_scale point to the f32 [24] / [3] gate parameters, post_out /
-    comb_out to the f32 outputs; r_out8 / x_norm8 are bf16 views in chunks of 8."""
+    comb_out to the f32 outputs (and pre_out, when given, to the f32 [rows, 4] pre: K2 returns
+    it to vLLM's hook); r_out8 / x_norm8 are bf16 views in chunks of 8."""
     if tid < PARTIALS:
         total = fx.Float32(0.0)
         for c in range_constexpr(SEAM_CHUNKS):
@@ -83,14 +84,14 @@ def seam_row(f32, partials_at, gate, red, hc_base, hc_scale, post_out, comb_out,
         fx.memref_store(total, gate, tid)
     gpu.barrier()
     if wave == 0:
-        seam_gate(gate, hc_base, hc_scale, post_out, comb_out, row, lane)
+        seam_gate(gate, hc_base, hc_scale, post_out, comb_out, row, lane, pre_out)
     gpu.barrier()
     pre = [fx.memref_load(gate, i) for i in range_constexpr(STREAMS)]
     collapse_norm_quant(r_out8, norm, x_norm8, pre, red, u8x8, u8, codes_at, scales_at, row, tid, wave, lane)
 
 
 @dsl
-def seam_gate(gate, hc_base, hc_scale, post_out, comb_out, row, lane):
+def seam_gate(gate, hc_base, hc_scale, post_out, comb_out, row, lane, pre_out=None):
     """Wave 0: mixes -> pre (into gate[0:4]), post and the Sinkhorn comb (stored).
 
     Lane e = 4 i + j (of every 16) holds comb[i, j]: a row sum is a butterfly over lane bits
@@ -114,6 +115,8 @@ def seam_gate(gate, hc_base, hc_scale, post_out, comb_out, row, lane):
     if lane < STREAMS:  # post and comb stored through plain pointers: no buffer resource to hold
         fx.memref_store(pre, gate, lane)
         fx.generic_store(post_out + (row * STREAMS + lane), post)
+        if const_expr(pre_out is not None):
+            fx.generic_store(pre_out + (row * STREAMS + lane), pre)
     if lane < 16:
         fx.generic_store(comb_out + (row * 16 + lane), comb)
 

@@ -32,13 +32,14 @@ Contract (M = rows this step, 1 <= M <= spec.max_tokens; flat buffers, row-major
                     table [P, 64] f32, hc_ffn_fn [24, 4 x 7168] f32, hc_ffn_base [24],
                     hc_ffn_scale [3] f32, ffn_norm [7168] bf16; then woa_stride, woa_shuffled,
                     wob_stride, wob_shuffled as integers
-       state        [8] int64, the runner's table (layout.STATE_TABLE), filled once: addresses
+       state        [9] int64, the runner's table (layout.STATE_TABLE), filled once: addresses
                     of K1's q_out [rows, heads, 512] bf16, r_out [rows, 4, 7168] bf16 (K2's
                     residual), post_out [rows, 4] and comb_out [rows, 4, 4] f32; then K2's
                     outputs: r_out [rows, 4, 7168] bf16 (R after the attention's fold; may be
                     K1's r_out), post_out [rows, 4], comb_out [rows, 4, 4] f32 (the FFN seam's
                     mixes), x_norm [rows, 7168] bf16 (ffn_norm of the collapse; its MXFP8 stays
-                    in `work`), each at least `rows` (the bucket) rows
+                    in `work`), pre_out [rows, 4] f32 (the FFN seam's pre, vLLM's pre_out), each
+                    at least `rows` (the bucket) rows
   work sync         [K2Layout.sync_words] int32, zeroed once (as K1's: epochs, counters, flags)
        work         [K2Layout.work_words] f32: scratch (f32, key-table and byte regions)
        mailbox      [peer_bytes / 8] int64: this rank's peer buffer (uncached, zeroed once,

@@ -560,7 +560,7 @@ def make_kernel(lay: K2Layout, stages: frozenset[int] = ALL_STAGES):
                              weight("ffn_norm", fx.BFloat16),
                              typed_view(state("x_norm", fx.BFloat16), fx.BFloat16, rows * H, VEC), u8x8, u8,
                              ad.mx_code_offset(lay.ffn_codes, row, 0, H), ad.mx_scale_offset(lay.ffn_scales, row, 0, H),
-                             row, tid, wave, lane)
+                             row, tid, wave, lane, state("pre_out", fx.Float32))
                 publish(Sync, lay.f_norm + row, tag, tid)
 
         leave(Sync, tag, CTAS, tid)

@@ -115,7 +115,7 @@ WEIGHT_TABLE = ("w_oa", "s_oa", "w_ob", "s_ob", "attn_sink", "rope", "hc_fn", "h
 # The runner's buffers K2 reads and writes reach it the same way, one table a runner (they are
 # allocated once, at the widest bucket, and never move): K1's q_out, r_out, post_out and
 # comb_out (K2's inputs), then K2's outputs.
-STATE_TABLE = ("q", "residual", "post_in", "comb_in", "r_out", "post_out", "comb_out", "x_norm")
+STATE_TABLE = ("q", "residual", "post_in", "comb_in", "r_out", "post_out", "comb_out", "pre_out", "x_norm")
 
 # The all-reduce's model (module docstring): link bandwidth a direction, latency a hop.
 LINK_BYTES_PER_S = 76.8e9

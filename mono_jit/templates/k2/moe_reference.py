@@ -271,12 +271,10 @@ class LayerOutputs:
     pre_out: torch.Tensor  # [M, 4] f32: the FFN seam's pre (written; the hook drops it)
 
 
-def layer_outputs(out: torch.Tensor, seam: part_one.Seam, w: part_one.K2Weights) -> LayerOutputs:
-    """The five outputs from the reduced MoE output and part one's FFN seam. pre_out is the
-    seam's pre: k1.seam_gate on the seam's R with hc_ffn_* (the call ffn_seam makes, so the
-    same bits)."""
-    pre = k1.seam_gate(seam.r, w.hc_ffn_fn, w.hc_ffn_base, w.hc_ffn_scale).pre
-    return LayerOutputs(out, seam.r, seam.post.reshape(-1, STREAMS, 1), seam.comb, pre)
+def layer_outputs(out: torch.Tensor, seam: part_one.Seam) -> LayerOutputs:
+    """The five outputs from the reduced MoE output and part one's FFN seam (pre_out is the
+    seam's pre)."""
+    return LayerOutputs(out, seam.r, seam.post.reshape(-1, STREAMS, 1), seam.comb, seam.pre)
 
 
 @dataclass
@@ -299,7 +297,7 @@ def k2_ranks(inputs: Sequence[part_one.K2Inputs], weights: Sequence[part_one.K2W
     ones = part_one.k2_part_one_ranks(inputs, weights)
     moes = [rank_moe(one.seam.x_norm, w, route_ids) for one, w in zip(ones, moe)]
     out = all_reduce([m.partial for m in moes])
-    return [K2Result(one, m, layer_outputs(out, one.seam, w)) for one, m, w in zip(ones, moes, weights)]
+    return [K2Result(one, m, layer_outputs(out, one.seam)) for one, m in zip(ones, moes)]
 
 
 def moe_shards(tp: int = 8) -> int:

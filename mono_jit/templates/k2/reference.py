@@ -277,6 +277,7 @@ class Seam:
     r: torch.Tensor  # [M, 4, H] bf16: R after the attention's fold
     post: torch.Tensor  # [M, 4] f32: the FFN's post (folded at the next seam)
     comb: torch.Tensor  # [M, 4, 4] f32
+    pre: torch.Tensor  # [M, 4] f32: the FFN's pre (the collapse's weights; vLLM's pre_out)
     x_norm: torch.Tensor  # [M, H] bf16: ffn_norm of the collapse
     x_codes: torch.Tensor  # [M, H] e4m3: the MoE's MXFP8 input (part two)
     x_scales: torch.Tensor  # [M, 224] E8M0
@@ -292,7 +293,7 @@ def ffn_seam(y: torch.Tensor, x: K2Inputs, w: K2Weights) -> Seam:
     gate = k1.seam_gate(r, w.hc_ffn_fn, w.hc_ffn_base, w.hc_ffn_scale)
     x_norm = k1.rms_norm(k1.collapse(r, gate.pre), w.ffn_norm)
     codes, scales = k1.mxfp8_quantize(x_norm)
-    return Seam(r, gate.post, gate.comb, x_norm, codes, scales)
+    return Seam(r, gate.post, gate.comb, gate.pre, x_norm, codes, scales)
 
 
 # -- K2 part one as a whole -----------------------------------------------------------------
