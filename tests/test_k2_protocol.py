@@ -59,7 +59,7 @@ class Rank:
         self.words = [0] * lay.sync_words
         self.words[EPOCH_WORD] = epoch
         self.word_writer: list = [None] * lay.sync_words
-        self.units = {(h, r): [(0, None)] * lay.peer_units(r) for h in (0, 1) for r in ("part", "rs", "ag")}
+        self.units = {(h, r): [(0, None)] * lay.peer_units(r) for h in (0, 1) for r in lay.peer_regions()}
         self.launch = -1  # the running launch's index
         self.left = 0  # CTAs of the running launch that have not left
         self.ready: list[Cta] = []
@@ -70,8 +70,10 @@ class World:
 
     def __init__(self, lay: K2Layout, ms: list[int], seed: int, *, tag_bits: int = 32, epoch: int = 0,
                  ahead: int | None = None, parity: bool = True, program: Program | None = None,
-                 epochs: list[int] | None = None, lag: int | None = None):
+                 epochs: list[int] | None = None, lag: int | None = None,
+                 needs: Callable[[K2Layout, tuple, int], tuple[int, ...]] | None = None):
         self.lay, self.ms, self.bits, self.parity = lay, ms, tag_bits, parity
+        self.needs = needs or globals()["needs"]
         self.program = program or (lambda lay, cta, m, rank: lay.program(cta, m, rank))
         self.rng = random.Random(seed)
         self.ranks = [Rank(lay, r, (epochs or [epoch] * lay.tp)[r]) for r in range(lay.tp)]
@@ -152,10 +154,10 @@ class World:
             cta.tag = wrap(epoch + 1, self.bits)
             cta.half = self.lay.peer_half(epoch) if self.parity else 0
             rank.words[ARRIVE_WORD] += 1
-        elif kind == "wait":  # the task then reads what it needs: was all of it written in this launch?
+        elif kind == "wait" and cta.steps[cta.pc][0] != "wait":  # the task's last wait: then it reads
             consumer = next(s for s in cta.steps[cta.pc:] if s[0] in ("publish", "push"))
-            self.stale += [("flag", me, f, rank.word_writer[f]) for f in needs(self.lay, consumer, self.ms[rank.launch])
-                           if rank.word_writer[f] != me]
+            self.stale += [("flag", me, f, rank.word_writer[f])
+                           for f in self.needs(self.lay, consumer, self.ms[rank.launch]) if rank.word_writer[f] != me]
         elif kind == "await_peers":
             _, region, first, count = step
             units = rank.units[(cta.half, region)]
@@ -208,7 +210,7 @@ def needs(lay: K2Layout, consumer: tuple, m: int) -> tuple[int, ...]:
                      and first <= lay.s3_task(t)[1] < first + per_group // WOA_PARTS)
     if lay.f_z <= flag < lay.f_seam:  # z quant: both halves of every wo_a tile
         return tuple(range(lay.f_woa, lay.f_z))
-    if lay.f_norm <= flag < lay.sync_words:  # seam gate: every column chunk of its row group
+    if lay.f_norm <= flag < lay.f_norm + lay.s8_tasks:  # seam gate: every column chunk of its row group
         group = (flag - lay.f_norm) // SEAM_GROUP
         return tuple(lay.f_seam + t for t in range(lay.s7_tasks) if lay.s7_task(t)[0] == group)
     raise AssertionError(f"no stage waits before {consumer}")

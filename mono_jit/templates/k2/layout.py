@@ -361,6 +361,9 @@ class K2Layout:
     def peer_units(self, region: str) -> int:
         return self.s7_tasks if region == "ag" else self.tp * WOB_TILES
 
+    def peer_regions(self) -> tuple[str, ...]:
+        return ("part", "rs", "ag")
+
     @staticmethod
     def peer_half(epoch: int) -> int:
         """The half a launch that read `epoch` pushes to and reads: its low bit."""
