@@ -9,7 +9,7 @@ from mono_jit.toolchain import compile_environment, resolve_toolchain
 from mono_jit.workers import WorkerPool
 
 
-STAGES = {"k1": range(1, 7), "k2": range(1, 9)}
+STAGES = {"k1": range(1, 7), "k2": range(1, 20)}
 
 
 def compile_stages(template: str, spec_data: dict, stages: tuple[int, ...]) -> tuple[bytes, list[dict]]:

@@ -12,7 +12,9 @@ from k2_inputs import COMP_BLOCK, COMP_STRIDE, SWA_BLOCK, SWA_STRIDE, World
 
 from mono_jit.templates.k1 import reference as k1
 from mono_jit.templates.k2 import reference as ref
-from mono_jit.templates.k2.layout import STATE_TABLE, WEIGHT_TABLE, K2Layout
+from mono_jit.templates.k2.layout import STATE_TABLE, WEIGHT_TABLE
+from mono_jit.templates.k2.moe_layout import K2MoeLayout
+from mono_jit.templates.k2.moe_reference import MoeWeights
 
 H = 7168
 SENTINEL = -3.0
@@ -30,11 +32,13 @@ class K2Run:
     """One rank's device buffers of one K2 bucket (TP8) for the world's step."""
 
     def __init__(self, world: World, weights: ref.K2Weights, rank: int, bucket: int, device: str,
-                 mailbox: Any = None, peer_addresses: list[int] | None = None):
+                 mailbox: Any = None, peer_addresses: list[int] | None = None, moe: MoeWeights | None = None,
+                 route_ids: torch.Tensor | None = None):
         x = world.rank(rank)
         self.x, self.w, self.rank, self.m = x, weights, rank, x.q.shape[0]
         width = x.topk.shape[1]
-        self.lay = lay = K2Layout(8, x.ratio, width, bucket)
+        self.lay = lay = K2MoeLayout(8, x.ratio, width, bucket)
+        self.moe, self.route_ids = moe, route_ids
         csa = x.ratio == 4
 
         def dev(t: torch.Tensor) -> torch.Tensor:
@@ -57,9 +61,15 @@ class K2Run:
             "hc_fn": dev(weights.hc_ffn_fn), "hc_base": dev(weights.hc_ffn_base), "hc_scale": dev(weights.hc_ffn_scale),
             "ffn_norm": dev(weights.ffn_norm)}
         integers = {"woa_stride": weights.wo_a.shape[1], "woa_shuffled": 0, "wob_stride": lay.o_width,
-                    "wob_shuffled": 1}
-        self.weights = torch.tensor([self.weight_tensors[n].data_ptr() if n in self.weight_tensors else integers[n]
-                                     for n in WEIGHT_TABLE], dtype=torch.int64).to(device)
+                    "wob_shuffled": 1, "sgu_stride": 7168, "sgu_shuffled": 1, "sw2_stride": lay.inter,
+                    "sw2_shuffled": 0}
+        if moe is not None:  # part two's weights (a part-one test leaves their entries 0: unread)
+            self.weight_tensors.update({
+                "gate": dev(moe.gate), "bias": dev(moe.bias if moe.bias is not None else torch.zeros(moe.gate.shape[0])),
+                "w13": dev(moe.w13), "w13_s": dev(moe.w13_s), "w2": dev(moe.w2), "w2_s": dev(moe.w2_s),
+                "sgu": dev(moe.sgu), "sgu_s": dev(moe.sgu_s), "sw2": dev(moe.sw2), "sw2_s": dev(moe.sw2_s)})
+        self.weights = torch.tensor([self.weight_tensors[n].data_ptr() if n in self.weight_tensors else
+                                     integers.get(n, 0) for n in WEIGHT_TABLE], dtype=torch.int64).to(device)
         # the runner's buffers: K1's outputs (K2's inputs) and K2's outputs, and their table
         rows, bf16 = bucket, torch.bfloat16
         self.state_tensors = {
@@ -69,7 +79,8 @@ class K2Run:
             "post_out": torch.full((rows * 4,), SENTINEL, device=device),
             "comb_out": torch.full((rows * 16,), SENTINEL, device=device),
             "pre_out": torch.full((rows * 4,), SENTINEL, device=device),
-            "x_norm": torch.full((rows * H,), SENTINEL, dtype=bf16, device=device)}
+            "x_norm": torch.full((rows * H,), SENTINEL, dtype=bf16, device=device),
+            "out": torch.full((rows * H,), SENTINEL, dtype=bf16, device=device)}
         self.state = torch.tensor([self.state_tensors[n].data_ptr() for n in STATE_TABLE], dtype=torch.int64).to(device)
         self.sync = torch.zeros(lay.sync_words, dtype=torch.int32, device=device)
         self.work = torch.zeros(lay.work_words, dtype=torch.float32, device=device)
@@ -80,11 +91,13 @@ class K2Run:
 
     def arguments(self) -> dict[str, Any]:
         """K2Template.arguments' names -> values for this step."""
+        route_ids = self.route_ids if self.route_ids is not None else torch.zeros(self.m, 6, dtype=torch.int32)
         return {**self.step, "weights": self.weights, "state": self.state, "sync": self.sync, "work": self.work,
-                "mailbox": self.mailbox, "peers": self.peers, "m": self.m, "rank": self.rank,
+                "mailbox": self.mailbox, "peers": self.peers,
+                "route_ids": route_ids.int().contiguous().flatten().to(self.work.device), "m": self.m, "rank": self.rank,
                 "swa_page_stride": SWA_STRIDE, "swa_block": SWA_BLOCK, "comp_page_stride": COMP_STRIDE,
                 "comp_block": COMP_BLOCK, "bt_stride": self.x.block_table.shape[1] if self.x.block_table is not None
-                else 1, "per_page": COMP_BLOCK}
+                else 1, "per_page": COMP_BLOCK, "use_hash": int(self.route_ids is not None)}
 
     def ordered(self, names: list[str]) -> tuple:
         values = self.arguments()
@@ -175,7 +188,7 @@ class K2Run:
             error = (actual - expected.float()).abs().mean().item()
             assert error <= mean, f"{name}: mean error {error:.2e} > {mean:.0e}"
         for name, out in self.state_tensors.items():
-            if name in ("r_out", "post_out", "comb_out", "pre_out", "x_norm"):
+            if name in ("r_out", "post_out", "comb_out", "pre_out", "x_norm", "out"):
                 tail = out.cpu()[self.m * out.numel() // self.lay.rows:]
                 assert tail.eq(SENTINEL).all(), f"{name}: rows past m were written"
 

@@ -121,7 +121,7 @@ def _rank_main(rank: int, port: int, ratio: int, results) -> None:
     from mono_jit.runtime.backends import HipBackend
     from mono_jit.runtime.hip import Hip
     from mono_jit.runtime.peer import DeviceBuffer, exchange
-    from mono_jit.templates.k2.layout import K2Layout
+    from mono_jit.templates.k2.moe_layout import K2MoeLayout
 
     torch.cuda.set_device(rank)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=TP)
@@ -129,7 +129,7 @@ def _rank_main(rank: int, port: int, ratio: int, results) -> None:
         weights, wd = full_weights(), world(ratio)
         shards = [shard(weights, r) for r in range(TP)]
         width = wd.inputs.topk.shape[1]
-        lay = K2Layout(8, ratio, width, BUCKET)
+        lay = K2MoeLayout(8, ratio, width, BUCKET)
         memory, why = exchange(Hip.get(), lay.peer_bytes, dist.group.WORLD, rank, TP)
         assert why is None, why
         mailbox = DeviceBuffer(memory.local.pointer, lay.peer_bytes // 8, "int64")

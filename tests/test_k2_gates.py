@@ -57,10 +57,11 @@ def test_k2_build_fits_the_persistent_grid_without_spills(k2_builds, build):
     assert residency["ctas_per_cu"] == 1 and residency["waves_per_simd"] == 2
     assert kernel.lds == STATIC_LDS_BYTES and residency["lds_bytes"] > LDS_PER_CU // 2
     assert kernel.vgpr + kernel.agpr < UPSTREAM_VGPRS
-    # The kernarg block is the contract: 15 tensors (pointer + i32 length) and 8 i32.
-    assert len(kernel.args) == 15 * 2 + 8
-    assert [a["name"] for a in meta["arguments"]][-8:] == [
-        "m", "rank", "swa_page_stride", "swa_block", "comp_page_stride", "comp_block", "bt_stride", "per_page"]
+    # The kernarg block is the contract: 16 tensors (pointer + i32 length) and 9 i32.
+    assert len(kernel.args) == 16 * 2 + 9
+    assert [a["name"] for a in meta["arguments"]][-9:] == [
+        "m", "rank", "swa_page_stride", "swa_block", "comp_page_stride", "comp_block", "bt_stride", "per_page",
+        "use_hash"]
 
 
 @pytest.mark.parametrize("build", BUILDS, ids=_id)
@@ -69,8 +70,13 @@ def test_k2_isa_has_the_instructions_the_design_relies_on(k2_builds, build):
     counts = instruction_counts(listing)
     lay = K2Layout(8, build[0], RATIOS[build[0]], build[1])
     row_tiles = lay.seam.row_tiles
-    # wo_a: 16 K steps a task over 8 waves; wo_b: o_width / 128 = 16 over 8: 2 + 2 a row tile
-    assert counts["v_mfma_scale_f32_16x16x128_f8f6f4"] == (2 + 2) * row_tiles
+    # A row tile's MFMAs: wo_a 16 K steps over 8 waves and wo_b 16: 2 + 2; the shared expert's
+    # gate / up 14 a K quarter over 8 waves (a step and a predicated one) and down 3 (waves 0-2,
+    # one each, the rest predicated off): 2 + 1; the routed gate and up tiles 56 steps over 8: 2 x 7,
+    # and down 3 a wave: the routed ones with the weight as an fp4 operand (cbsz:4).
+    mfmas = [line for line in listing.splitlines() if "v_mfma_scale_f32_16x16x128_f8f6f4" in line]
+    assert counts["v_mfma_scale_f32_16x16x128_f8f6f4"] == (2 + 2 + 2 + 1 + 14 + 3) * row_tiles
+    assert sum("cbsz:4" in line for line in mfmas) == (14 + 3) * row_tiles
     lines = listing.splitlines()
     pair_stores = [line for line in lines if "global_store_dwordx2" in line]
     polls = [line for line in lines if "global_load_dwordx2" in line and "sc0 sc1" in line]
@@ -112,11 +118,11 @@ def stage_builds():
     return compile_each_stage(Spec(8, 4, 1024, 32), "k2")
 
 
-@pytest.mark.parametrize("stage", range(1, 9))
+@pytest.mark.parametrize("stage", range(1, 20))
 def test_each_k2_stage_has_a_standalone_launch(stage_builds, stage):
     """Every stage also builds alone, for the per-stage tests on a GPU: it waits on nothing it
     did not produce (a lone S7 still polls its peers' pairs), publishes its flags, advances the
-    epoch, and the GEMV stages keep their MFMAs (2 a wave and row tile, 2 row tiles at 32 rows)."""
+    epoch, and the GEMV stages keep their MFMAs."""
     hsaco, launches = stage_builds[stage]
     assert launches == [{"kernel": "k2_kernel_0", "grid": [256, 1, 1], "block": [512, 1, 1],
                          "dynamic_lds": PIN_LDS_BYTES}]
@@ -124,5 +130,6 @@ def test_each_k2_stage_has_a_standalone_launch(stage_builds, stage):
     assert kernel.scratch == 0 and kernel.vgpr_spills == 0 and kernel.sgpr_spills == 0
     counts = instruction_counts(disassemble(hsaco, find_objdump(Settings())))
     assert counts["global_atomic_add"] >= 1
-    assert counts["v_mfma_scale_f32_16x16x128_f8f6f4"] == {4: 2 * 2, 6: 2 * 2}.get(stage, 0)
-    assert (counts["s_sleep"] > 0) == (stage == 7), "only the all-reduce's poll may wait in a lone stage"
+    mfmas = {4: 2, 6: 2, 12: 2, 14: 1, 15: 14, 17: 3}.get(stage, 0) * 2  # 2 row tiles at 32 rows
+    assert counts["v_mfma_scale_f32_16x16x128_f8f6f4"] == mfmas
+    assert (counts["s_sleep"] > 0) == (stage in (7, 19)), "only the all-reduces' polls may wait in a lone stage"

@@ -12,6 +12,7 @@ import pytest
 from test_k2_protocol import World, needs
 
 from mono_jit.templates.k1.layout import CTAS
+from mono_jit.templates.k2.layout import K2Layout
 from mono_jit.templates.k2.moe_layout import TOPK, K2MoeLayout, waits
 from mono_jit.templates.sync_area import EPOCH_WORD
 
@@ -108,3 +109,26 @@ def test_routed_act_waiting_on_one_gate_up_task_too_few_reads_a_stale_word():
     wd = world(lay, [1, 1], seed=0, program=short, lag=last % CTAS)
     wd.run()
     assert any(f == lay.f_rgu + last for _, _, f, _ in wd.stale)
+
+
+def _disjoint_within(regions: list[tuple[int, int]], low: int, high: int) -> None:
+    spans = sorted((start, start + size) for start, size in regions)
+    assert spans[0][0] >= low and spans[-1][1] <= high, (spans[0], spans[-1], low, high)
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
+
+
+@pytest.mark.parametrize("ratio, width, rows", [(4, 1024, 1), (4, 1024, 32), (128, 8192, 64)])
+def test_part_twos_scratch_regions_are_disjoint_and_inside_the_work_buffer(ratio, width, rows):
+    lay = K2MoeLayout(8, ratio, width, rows)
+    one = K2Layout(8, ratio, width, rows)
+    inter, h = lay.inter, 7168
+    _disjoint_within([(0, one.f32_words), (lay.logits, rows * 384), (lay.route_weights, rows * TOPK),
+                      (lay.sgu_raw, 4 * rows * 2 * inter), (lay.shared_raw, rows * h), (lay.gu, lay.picks * 2 * inter),
+                      (lay.routed_y, lay.picks * h)], 0, lay.f32_words)
+    _disjoint_within([(0, one.i32_words), (lay.ids, rows * TOPK), (lay.union, 384), (lay.union_size, 1),
+                      (lay.pick_of, lay.union_max * rows)], 0, lay.i32_words)
+    _disjoint_within([(0, one.bytes), (lay.sh_codes, lay.operand_rows * inter),
+                      (lay.sh_scales, lay.operand_rows * inter // 32), (lay.rh_codes, lay.pick_rows * inter),
+                      (lay.rh_scales, lay.pick_rows * inter // 32)], 0, lay.bytes)
+    assert lay.u8_at + lay.bytes == 4 * lay.work_words and lay.u8_at % 256 == 0
+    assert lay.pick_rows >= lay.picks and lay.union_max == min(384, TOPK * rows)

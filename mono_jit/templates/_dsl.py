@@ -8,6 +8,8 @@ pointer plus an i32 length per tensor, which the runner packs without knowing sh
 import operator
 
 import flydsl.expr as fx
+from flydsl._mlir import ir
+from flydsl._mlir.dialects import llvm
 from flydsl.compiler.ast_rewriter import ASTRewriter
 from flydsl.expr import range_constexpr
 
@@ -140,14 +142,48 @@ def typed_view(pointer, dtype, count, vector: int = 1):
     return fx.logical_divide(resource, fx.make_layout(vector, 1))
 
 
+def table_entry(table, index):
+    """Entry `index` of an int64 table, read where it is used: a volatile load, which the
+    compiler may not hoist to the kernel's entry (an invariant load it would, and keep the value
+    in SGPRs across every stage, which is what the table is there to avoid)."""
+    return fx.generic_load(fx.get_iter(table) + index, volatile=True)
+
+
 def table_pointer(table, index, like):
     """Entry `index` of an int64 address table as a pointer of `like`'s type (a tensor argument
     of the same element type and alignment): for arguments read in one stage only, whose
     pointers would otherwise hold SGPRs across the whole persistent kernel."""
-    return fx.inttoptr(fx.get_iter(like).type, load_global(table, index))
+    return fx.inttoptr(fx.get_iter(like).type, table_entry(table, index))
 
 
 def pointer_load(pointer, index, count: int = 1):
     """`count` elements at `pointer` + index through a plain global load (load_global's form
     for a pointer that is not a tensor argument)."""
     return fx.generic_load(pointer + index, count=None if count == 1 else count)
+
+
+def fresh(value):
+    """A per-lane i32 through an opaque move: the lane arithmetic built on it is computed where
+    it is used. Without it the compiler CSEs a stage's lane masks (lane == 0, tid < n) with
+    another stage's and holds them in SGPRs across the whole persistent kernel, which spilled
+    SGPRs in K2 (vLLM 0.33's in-tree mono does the same for the same reason: common/ops.py)."""
+    i32 = ir.IntegerType.get_signless(32)
+    return fx.Int32(llvm.inline_asm(i32, [fx.Int32(value).ir_value()], "v_mov_b32 $0, $1", "=v,v",
+                                    has_side_effects=True))
+
+
+def fresh_scalar(value):
+    """A wave-uniform i32 through an opaque scalar move (see fresh): a stage's loop guards on it
+    (cta < tasks) are its own, not one mask held from the first stage to the last."""
+    i32 = ir.IntegerType.get_signless(32)
+    return fx.Int32(llvm.inline_asm(i32, [fx.Int32(value).ir_value()], "s_mov_b32 $0, $1", "=s,s",
+                                    has_side_effects=True))
+
+
+def fresh_pointer(pointer):
+    """`pointer` through an opaque scalar move: buffer resources built on it are built where
+    they are used, not shared by every stage and held in SGPRs across the kernel (see fresh)."""
+    i64 = ir.IntegerType.get_signless(64)
+    address = fx.Int64(fx.ptrtoint(pointer))
+    moved = llvm.inline_asm(i64, [address.ir_value()], "s_mov_b64 $0, $1", "=s,s", has_side_effects=True)
+    return fx.inttoptr(pointer.type, moved)

@@ -17,9 +17,14 @@ from .k1 import addressing as ad
 from .k1.layout import THREADS, TILE_N, WAVES
 
 
-def mfma(a, b, acc, scale_a, scale_b):
+FP8, FP4 = 0, 4  # the scaled MFMA's operand format codes (cbsz for A, blgp for B): e4m3, e2m1
+
+
+def mfma(a, b, acc, scale_a, scale_b, a_format: int = FP8):
+    """v_mfma_scale_f32_16x16x128_f8f6f4: acc + (A x 2^scale_a) (B x 2^scale_b); B is e4m3, A is
+    e4m3 or (a_format FP4) e2m1 in its words 0-3 (k2/moe_addressing.py has the fp4 layout)."""
     f32x4 = ir.VectorType.get([4], ir.F32Type.get())
-    out = fx.rocdl.mfma_scale_f32_16x16x128_f8f6f4(f32x4, [a, b, acc, 0, 0, 0, scale_a, 0, scale_b])
+    out = fx.rocdl.mfma_scale_f32_16x16x128_f8f6f4(f32x4, [a, b, acc, a_format, FP8, 0, scale_a, 0, scale_b])
     return fx.Vector(out, (4,), fx.Float32)
 
 

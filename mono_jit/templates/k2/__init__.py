@@ -65,7 +65,8 @@ from __future__ import annotations
 from ...resources import Budget
 from ...spec import Spec
 from ..base import COMMON_SOURCES, Argument, LaunchShape, Template, WorkBuffer
-from .layout import PAIR_BYTES, PIN_LDS_BYTES, STATE_TABLE, WEIGHT_TABLE, K2Layout
+from .layout import PAIR_BYTES, PIN_LDS_BYTES, STATE_TABLE, WEIGHT_TABLE
+from .moe_layout import TOPK, K2MoeLayout
 from ..k1.layout import CTAS, THREADS
 
 PEERS = 8
@@ -90,7 +91,7 @@ class K2Template(Template):
         return LaunchShape(grid=(CTAS, 1, 1), block=(THREADS, 1, 1), dynamic_lds=PIN_LDS_BYTES)
 
     def arguments(self, spec: Spec) -> tuple[Argument, ...]:
-        lay = K2Layout.of(spec)
+        lay = K2MoeLayout.of(spec)
         t, i = Argument.tensor, Argument.i32
         return (
             t("positions", "int64", "[M]"),
@@ -108,6 +109,7 @@ class K2Template(Template):
             t("work", "float32", f"[{lay.work_words}] scratch"),
             t("mailbox", "int64", f"[{lay.peer_bytes // PAIR_BYTES}] this rank's peer buffer"),
             t("peers", "int64", f"[{PEERS}] every rank's peer-buffer address"),
+            t("route_ids", "int32", f"[M, {TOPK}] a hash layer's experts (tid2eid[input_ids]); unread otherwise"),
             i("m", "rows this step (1..max_tokens)"),
             i("rank", "this TP rank"),
             i("swa_page_stride", "swa_cache.stride(0) in bytes"),
@@ -116,9 +118,10 @@ class K2Template(Template):
             i("comp_block", "records per compressed page"),
             i("bt_stride", "block_table.stride(0) (CSA)"),
             i("per_page", "compressed entries per page (CSA)"),
+            i("use_hash", "1 on a hash layer (experts from route_ids, no bias), else 0"),
         )
 
     def work_buffers(self, spec: Spec) -> tuple[WorkBuffer, ...]:
-        lay = K2Layout.of(spec)
+        lay = K2MoeLayout.of(spec)
         return (WorkBuffer("sync", "int32", lay.sync_words, zeroed_once=True),
                 WorkBuffer("work", "float32", lay.work_words))

@@ -52,8 +52,8 @@ from flydsl.expr import const_expr, gpu, range_constexpr
 
 from ... import model
 from ...spec import Spec
-from .._dsl import (WAVE, butterfly, dsl, flat_view, load, load_global, load_scalar, pointer_load, store,
-                    store_scalar, table_pointer, typed_view)
+from .._dsl import (WAVE, butterfly, dsl, flat_view, fresh, fresh_pointer, fresh_scalar, load, load_global, load_scalar, pointer_load, store,
+                    store_scalar, table_entry, table_pointer, typed_view)
 from .._gemv import Fp8Weight, Mxfp8Rows, gemv_reduce, gemv_steps
 from .._numerics import LOG2E, VEC, bf16_round, e8m0_scale, fp8x4_to_f32, load8_f32, mx_store, rope8
 from .._seam import fold_row, mix_weights, seam_row
@@ -64,9 +64,13 @@ from ..k1.layout import (CTAS, HEAD_DIM, KV_DATA, KV_SCALES, LDS_ACC_WORDS, LDS_
                          LDS_RED_WORDS, MIXES, NOPE, PARTIALS, SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, STREAMS,
                          THREADS, TILE_N, WAVES)
 from ..keytable.kernel import key_table_row
+from ..router.kernel import select_top6
 from . import addressing as k2a
 from .layout import (HEAD_TILE, HEADS_PER_GROUP, LDS_Y_WORDS, PAIR_BYTES, PEER_POLL_LIMIT,
-                     PIN_LDS_BYTES, STATE_TABLE, WEIGHT_TABLE, K2Layout)
+                     LDS_MOE_WORDS, PIN_LDS_BYTES, STATE_TABLE, WEIGHT_TABLE)
+from .moe_layout import DOWN_TILES, SHARED_K_PARTS, TOPK, K2MoeLayout
+from . import moe_addressing as ma
+from . import moe_kernel as mk
 from .reference import SCALE
 
 H = model.HIDDEN
@@ -85,6 +89,7 @@ class _Shared:
     acc: fx.Array[fx.Float32, LDS_ACC_WORDS, 16]  # GEMV split-K partials
     y: fx.Array[fx.Float32, LDS_Y_WORDS, 16]  # S7: the reduced row's 128 columns
     peers: fx.Array[fx.Int32, 2 * PEERS, 16]  # every rank's peer-buffer address (low, high words)
+    moe: fx.Array[fx.Int32, LDS_MOE_WORDS, 16]  # S11: the union's slots, then the waves' counts
 
 
 # -- S2: the sparse MQA over fp8_ds_mla records -------------------------------------------------
@@ -389,6 +394,31 @@ def _reduce_two_hops(owner, live, sources, gathered, mailbox, peers, tp, tag, y,
         fx.memref_store(bf16_round(hi), y, 2 * tid + 1)
 
 
+@dsl
+def _top6_row(f32, i32, bias, route_ids, logits_at, ids_at, weights_at, row, lane, use_hash):
+    """S10, wave 0: the row's six experts and weights (router/kernel.select_top6) to the scratch."""
+    expert, weight, active = select_top6(lambda e: load_scalar(f32, logits_at + row * mk.E + e, fx.Float32), bias,
+                                         route_ids, row, lane, use_hash)
+    if active:
+        store_scalar(i32, ids_at + row * TOPK + lane, expert, fx.Int32)
+        store_scalar(f32, weights_at + row * TOPK + lane, weight, fx.Float32)
+
+
+def _moe_push(lay, task, f32, i32, peers, mailbox, half_at, rank, tag, m, tid):
+    """S18: thread (row, column pair) of tile `task` computes its MoE partial pair and pushes it
+    as S6 pushes the attention's (one hop: every rank; two hops: the columns' owner)."""
+    pairs = TILE_N // 2
+    row, col = tid // pairs, task * TILE_N + tid % pairs * 2
+    at_row = fx.min(row, lay.rows - 1)
+    lo, hi = mk.partial_pair(f32, i32, lay.ids, lay.routed_y, lay.shared_raw, at_row, col, row < m)
+    bits = _bf16_pair_bits(lo, hi)
+    if lay.two_hop:
+        to, at = lay.wob_owner(task), half_at + lay.rs_pair(rank, at_row, col) // PAIR_BYTES
+    else:
+        to, at = -1, half_at + lay.part_pair(rank, at_row, col) // PAIR_BYTES
+    _put_some(peers, mailbox, lay.tp, to, at, bits, tag, row < lay.rows)
+
+
 # -- the kernel ------------------------------------------------------------------------------
 
 def _entry(table, names: tuple[str, ...], name: str, dtype, like):
@@ -397,10 +427,10 @@ def _entry(table, names: tuple[str, ...], name: str, dtype, like):
     return fx.recast_iter(dtype, table_pointer(table, names.index(name), like))
 
 
-ALL_STAGES = frozenset(range(1, 9))
+ALL_STAGES = frozenset(range(1, 20))
 
 
-def make_kernel(lay: K2Layout, stages: frozenset[int] = ALL_STAGES):
+def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
     """The K2 part-one kernel with the given stages (all of them for K2 itself); a subset is a
     standalone launch of those stages that reads its inputs from the buffers as the caller
     prepared them (k1/kernel.make_kernel), for the per-stage tests on a GPU."""
@@ -411,9 +441,10 @@ def make_kernel(lay: K2Layout, stages: frozenset[int] = ALL_STAGES):
     def k2_kernel(Positions: fx.Tensor, SlotMapping: fx.Tensor, SwaIndices: fx.Tensor, SwaLens: fx.Tensor,
                   TopK: fx.Tensor, TokenReq: fx.Tensor, BlockTable: fx.Tensor, SwaCache: fx.Tensor,
                   CompCache: fx.Tensor, Weights: fx.Tensor, State: fx.Tensor,
-                  Sync: fx.Tensor, Work: fx.Tensor, Mailbox: fx.Tensor, Peers: fx.Tensor,
+                  Sync: fx.Tensor, Work: fx.Tensor, Mailbox: fx.Tensor, Peers: fx.Tensor, RouteIds: fx.Tensor,
                   m: fx.Int32, rank: fx.Int32, swa_page_stride: fx.Int32, swa_block: fx.Int32,
-                  comp_page_stride: fx.Int32, comp_block: fx.Int32, bt_stride: fx.Int32, per_page: fx.Int32):
+                  comp_page_stride: fx.Int32, comp_block: fx.Int32, bt_stride: fx.Int32, per_page: fx.Int32,
+                  use_hash: fx.Int32):
         m = fx.min(fx.max(m, 0), rows)  # a bad m must not write past the bucket or wait on other flags
         tid = fx.thread_idx.x
         lane = tid % WAVE
@@ -425,19 +456,30 @@ def make_kernel(lay: K2Layout, stages: frozenset[int] = ALL_STAGES):
         lds_acc = shared.acc.view(fx.make_layout(LDS_ACC_WORDS, 1))
         y = shared.y.view(fx.make_layout(LDS_Y_WORDS, 1))
         lds_peers = shared.peers.view(fx.make_layout(2 * PEERS, 1))
+        lds_moe = shared.moe.view(fx.make_layout(LDS_MOE_WORDS, 1))
         tag = step_tag(Sync)
         half_at = ((tag - 1) & 1) * half_words  # the peer half of this launch's epoch parity
         arrive(Sync, tid)
         if const_expr((6 in stages) | (7 in stages)):
             _stage_peer_addresses(Peers, lds_peers, tid)
 
-        work = fx.get_iter(Work)  # its three regions, each view bounded by its region's size
-        f32 = typed_view(work, fx.Float32, lay.f32_words)
-        f32x4 = typed_view(work, fx.Float32, lay.f32_words, 4)
-        i32 = typed_view(work + lay.i32_at // 4, fx.Int32, lay.i32_words)
-        u8 = typed_view(work + lay.u8_at // 4, fx.Uint8, lay.bytes)
-        u8x8 = typed_view(work + lay.u8_at // 4, fx.Uint8, lay.bytes, VEC)
-        u8x16 = typed_view(work + lay.u8_at // 4, fx.Uint8, lay.bytes, 16)
+        def work_views():
+            """The work buffer's views (f32, f32x4, i32, u8, u8x8, u8x16), each bounded by its
+            region's size, built for the stage that uses them (_dsl.fresh_pointer)."""
+            work = fresh_pointer(fx.get_iter(Work))
+            u8_at = work + lay.u8_at // 4
+            return (typed_view(work, fx.Float32, lay.f32_words), typed_view(work, fx.Float32, lay.f32_words, 4),
+                    typed_view(work + lay.i32_at // 4, fx.Int32, lay.i32_words),
+                    typed_view(u8_at, fx.Uint8, lay.bytes), typed_view(u8_at, fx.Uint8, lay.bytes, VEC),
+                    typed_view(u8_at, fx.Uint8, lay.bytes, 16))
+
+        f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
+
+        def lanes():
+            """(tid, lane, wave, cta) recomputed for a stage (_dsl.fresh): no lane mask or loop guard
+            lives across stages."""
+            fresh_tid = fresh(fx.thread_idx.x)
+            return fresh_tid, fresh_tid % WAVE, wave, fresh_scalar(fx.block_idx.x)
 
         def weight(name, dtype):
             """The layer's weight `name` (layout.WEIGHT_TABLE) as a pointer to `dtype`."""
@@ -449,10 +491,12 @@ def make_kernel(lay: K2Layout, stages: frozenset[int] = ALL_STAGES):
 
         def layer_int(name):
             """An integer entry of the layer's table (a weight's stride or layout flag)."""
-            return load_global(Weights, WEIGHT_TABLE.index(name)).to(fx.Int32)
+            return table_entry(Weights, WEIGHT_TABLE.index(name)).to(fx.Int32)
 
         # ---- S1: key table -------------------------------------------------------------------
         if const_expr(1 in stages):
+            tid, lane, wave, cta = lanes()
+            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
             for row in range(cta, rows, CTAS):
                 if wave == 0:
                     count, swa = fx.Int32(0), fx.Int32(0)
@@ -468,6 +512,8 @@ def make_kernel(lay: K2Layout, stages: frozenset[int] = ALL_STAGES):
 
         # ---- S2: attention over a key chunk ---------------------------------------------------
         if const_expr(2 in stages):
+            tid, lane, wave, cta = lanes()
+            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
             for task in range(cta, lay.s2_tasks, CTAS):
                 if lay.s2_task(task)[0] < m:
                     if const_expr(1 in stages):
@@ -479,6 +525,8 @@ def make_kernel(lay: K2Layout, stages: frozenset[int] = ALL_STAGES):
 
         # ---- S3: merge, inverse RoPE, MXFP8 ---------------------------------------------------
         if const_expr(3 in stages):
+            tid, lane, wave, cta = lanes()
+            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
             for task in range(cta, lay.s3_tasks, CTAS):
                 if lay.s3_task(task)[0] < m:
                     if const_expr(2 in stages):
@@ -490,6 +538,8 @@ def make_kernel(lay: K2Layout, stages: frozenset[int] = ALL_STAGES):
 
         # ---- S4: wo_a -------------------------------------------------------------------------
         if const_expr(4 in stages):
+            tid, lane, wave, cta = lanes()
+            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
             woa_stride = layer_int("woa_stride")
             w_oa = Fp8Weight(typed_view(weight("w_oa", fx.Uint8), fx.Uint8, lay.o_width * woa_stride, 16),
                              weight("s_oa", fx.Uint8), HEADS_PER_GROUP * HEAD_DIM, woa_stride,
@@ -506,6 +556,8 @@ def make_kernel(lay: K2Layout, stages: frozenset[int] = ALL_STAGES):
 
         # ---- S5: z = bf16(wo_a), MXFP8 --------------------------------------------------------
         if const_expr(5 in stages):
+            tid, lane, wave, cta = lanes()
+            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
             for row in range(cta, rows, CTAS):
                 if row < m:
                     if const_expr(4 in stages):
@@ -515,6 +567,8 @@ def make_kernel(lay: K2Layout, stages: frozenset[int] = ALL_STAGES):
 
         # ---- S6: wo_b, pushed to the peers ----------------------------------------------------
         if const_expr(6 in stages):
+            tid, lane, wave, cta = lanes()
+            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
             wob_stride = layer_int("wob_stride")
             w_ob = Fp8Weight(typed_view(weight("w_ob", fx.Uint8), fx.Uint8, H * wob_stride, 16),
                              weight("s_ob", fx.Uint8), lay.o_width, wob_stride, layer_int("wob_shuffled"))
@@ -527,6 +581,8 @@ def make_kernel(lay: K2Layout, stages: frozenset[int] = ALL_STAGES):
 
         # ---- S7: all-reduce and the FFN seam's fold -------------------------------------------
         if const_expr(7 in stages):
+            tid, lane, wave, cta = lanes()
+            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
             stream = tid // SEAM_CHUNK
             for task in range(cta, lay.s7_tasks, CTAS):
                 group, chunk = lay.s7_task(task)
@@ -549,6 +605,8 @@ def make_kernel(lay: K2Layout, stages: frozenset[int] = ALL_STAGES):
 
         # ---- S8: the FFN seam's gate, collapse, ffn_norm, MXFP8 -------------------------------
         if const_expr(8 in stages):
+            tid, lane, wave, cta = lanes()
+            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
             for row in range(cta, rows, CTAS):
                 if row < m:
                     if const_expr(7 in stages):
@@ -563,32 +621,205 @@ def make_kernel(lay: K2Layout, stages: frozenset[int] = ALL_STAGES):
                              row, tid, wave, lane, state("pre_out", fx.Float32))
                 publish(Sync, lay.f_norm + row, tag, tid)
 
+        # ==== part two: the MoE (moe_layout.py, moe_kernel.py) =====================================
+        moe_words = lay.moe_at // PAIR_BYTES  # the MoE's regions in a half, after part one's
+        inter = lay.inter
+
+
+        # ---- S9: router logits ---------------------------------------------------------------
+        if const_expr(9 in stages):
+            tid, lane, wave, cta = lanes()
+            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
+            for task in range(cta, lay.s9_tasks, CTAS):
+                if const_expr(8 in stages):
+                    wait(Sync, lay.f_norm, m, tag, tid)
+                mk.logits_task(typed_view(weight("gate", fx.BFloat16), fx.BFloat16, mk.E * H, VEC),
+                               typed_view(state("x_norm", fx.BFloat16), fx.BFloat16, rows * H, VEC), f32,
+                               lay.logits, task, m, wave, lane)
+                publish(Sync, lay.f_logits + task, tag, tid)
+
+        # ---- S10: top-6 a row --------------------------------------------------------------------
+        if const_expr(10 in stages):
+            tid, lane, wave, cta = lanes()
+            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
+            for row in range(cta, rows, CTAS):
+                if row < m:
+                    if const_expr(9 in stages):
+                        wait(Sync, lay.f_logits, lay.s9_tasks, tag, tid)
+                    if wave == 0:
+                        _top6_row(f32, i32, typed_view(weight("bias", fx.Float32), fx.Float32, mk.E),
+                                  flat_view(RouteIds), lay.logits, lay.ids, lay.route_weights, row, lane, use_hash)
+                publish(Sync, lay.f_top + row, tag, tid)
+
+        # ---- S11: the union of chosen experts ----------------------------------------------------
+        if const_expr(11 in stages):
+            tid, lane, wave, cta = lanes()
+            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
+            for _ in range(cta, 1, CTAS):
+                if const_expr(10 in stages):
+                    wait(Sync, lay.f_top, m, tag, tid)
+                mk.union_task(i32, lds_moe, lay.ids, lay.union, lay.union_size, lay.pick_of, rows, m, tid)
+                publish(Sync, lay.f_union, tag, tid)
+
+        # ---- S12: shared gate / up ---------------------------------------------------------------
+        if const_expr(12 in stages):
+            tid, lane, wave, cta = lanes()
+            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
+            w_sgu = Fp8Weight(typed_view(weight("sgu", fx.Uint8), fx.Uint8, 2 * inter * layer_int("sgu_stride"), 16),
+                              weight("sgu_s", fx.Uint8), H, layer_int("sgu_stride"), layer_int("sgu_shuffled"))
+            x_mx = Mxfp8Rows(u8x16, u8, lay.ffn_codes, lay.ffn_scales, H)
+            quarter = H // 128 // SHARED_K_PARTS
+            for task in range(cta, lay.s12_tasks, CTAS):
+                if const_expr(8 in stages):
+                    wait(Sync, lay.f_norm, m, tag, tid)
+                tile, part = task // SHARED_K_PARTS, task % SHARED_K_PARTS
+                accs = gemv_steps(w_sgu, x_mx, tile * TILE_N, ad.split_steps(part * quarter, quarter, wave), lane,
+                                  row_tiles)
+                gemv_reduce(accs, lds_acc, tid, wave, lane, WAVES, row_tiles, f32,
+                            lay.sgu_raw + part * rows * 2 * inter, 2 * inter, tile * TILE_N, m)
+                publish(Sync, lay.f_sgu + task, tag, tid)
+
+        # ---- S13: shared SwiGLU, MXFP8 -------------------------------------------------------------
+        if const_expr(13 in stages):
+            tid, lane, wave, cta = lanes()
+            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
+            for row in range(cta, rows, CTAS):
+                if row < m:
+                    if const_expr(12 in stages):
+                        wait(Sync, lay.f_sgu, lay.s12_tasks, tag, tid)
+                    if wave == 0:
+                        first = lay.sgu_raw + row * 2 * inter
+                        mk.act_row(f32x4, u8x8, u8, first, first + inter, SHARED_K_PARTS, rows * 2 * inter, True,
+                                   inter, lay.sh_codes + row * inter, lay.sh_scales + row * inter // 32, lane)
+                publish(Sync, lay.f_sact + row, tag, tid)
+
+        # ---- S14: shared down ----------------------------------------------------------------------
+        if const_expr(14 in stages):
+            tid, lane, wave, cta = lanes()
+            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
+            w_sw2 = Fp8Weight(typed_view(weight("sw2", fx.Uint8), fx.Uint8, H * layer_int("sw2_stride"), 16),
+                              weight("sw2_s", fx.Uint8), inter, layer_int("sw2_stride"), layer_int("sw2_shuffled"))
+            h_mx = Mxfp8Rows(u8x16, u8, lay.sh_codes, lay.sh_scales, inter)
+            for task in range(cta, lay.s14_tasks, CTAS):
+                if const_expr(13 in stages):
+                    wait(Sync, lay.f_sact, m, tag, tid)
+                accs = gemv_steps(w_sw2, h_mx, task * TILE_N, ad.split_steps(0, inter // 128, wave), lane,
+                                  row_tiles)
+                gemv_reduce(accs, lds_acc, tid, wave, lane, WAVES, row_tiles, f32, lay.shared_raw, H,
+                            task * TILE_N, m)
+                publish(Sync, lay.f_sdown + task, tag, tid)
+
+        # ---- S15: routed gate / up over the union ----------------------------------------------------
+        if const_expr(15 in stages):
+            tid, lane, wave, cta = lanes()
+            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
+            w13 = typed_view(weight("w13", fx.Uint8), fx.Uint8, ma.expert_weight_bytes(mk.E * 2 * inter, H), 16)
+            w13_s = typed_view(weight("w13_s", fx.Uint8), fx.Uint8, ma.expert_scale_bytes(mk.E * 2 * inter, H))
+            x_mx = Mxfp8Rows(u8x16, u8, lay.ffn_codes, lay.ffn_scales, H)
+            blocks = inter // TILE_N
+            for task in range(cta, lay.s15_tasks, CTAS):
+                if const_expr(11 in stages):
+                    wait(Sync, lay.f_union, 1, tag, tid)
+                slot, block = task // blocks, task % blocks
+                if slot < load_scalar(i32, lay.union_size, fx.Int32):
+                    expert = load_scalar(i32, lay.union + slot, fx.Int32)
+                    for up in range_constexpr(2):
+                        accs = mk.fp4_steps(w13, w13_s, expert, ma.w13_tile(block, up), 2 * inter, H, x_mx,
+                                            ad.split_steps(0, H // 128, wave), lane, row_tiles)
+                        mk.reduce_to_picks(accs, lds_acc, i32, f32, lay.pick_of + slot * rows, lay.gu, 2 * inter,
+                                           up * inter + block * TILE_N, m, rows, tid, wave, lane)
+                publish(Sync, lay.f_rgu + task, tag, tid)
+
+        # ---- S16: routed SwiGLU a pick, MXFP8 ---------------------------------------------------------
+        if const_expr(16 in stages):
+            tid, lane, wave, cta = lanes()
+            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
+            for pick in range(cta, lay.picks, CTAS):
+                if pick // TOPK < m:
+                    if const_expr(15 in stages):
+                        for first in range_constexpr(lay.f_rgu, lay.f_rgu + lay.s15_tasks, THREADS):
+                            wait(Sync, first, min(THREADS, lay.f_rgu + lay.s15_tasks - first), tag, tid)
+                    if wave == 0:
+                        first = lay.gu + pick * 2 * inter
+                        mk.act_row(f32x4, u8x8, u8, first, first + inter, 1, 0, False, inter,
+                                   lay.rh_codes + pick * inter, lay.rh_scales + pick * inter // 32, lane)
+                publish(Sync, lay.f_ract + pick, tag, tid)
+
+        # ---- S17: routed down over the union, a wave a tile ------------------------------------------
+        if const_expr(17 in stages):
+            tid, lane, wave, cta = lanes()
+            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
+            w2 = typed_view(weight("w2", fx.Uint8), fx.Uint8, ma.expert_weight_bytes(mk.E * H, inter), 16)
+            w2_s = typed_view(weight("w2_s", fx.Uint8), fx.Uint8, ma.expert_scale_bytes(mk.E * H, inter))
+            per_slot = H // TILE_N // DOWN_TILES
+            for task in range(cta, lay.s17_tasks, CTAS):
+                if const_expr(16 in stages):
+                    wait(Sync, lay.f_ract, TOPK * m, tag, tid)
+                slot = task // per_slot
+                if slot < load_scalar(i32, lay.union_size, fx.Int32):
+                    expert = load_scalar(i32, lay.union + slot, fx.Int32)
+                    tile = task % per_slot * DOWN_TILES + wave
+                    acts = mk.PickRows(u8x16, u8, i32, lay.rh_codes, lay.rh_scales, lay.pick_of + slot * rows, rows,
+                                       inter)
+                    accs = mk.fp4_steps(w2, w2_s, expert, tile, H, inter, acts,
+                                        [(s, None) for s in range_constexpr(inter // 128)], lane, row_tiles)
+                    mk.store_down(accs, acts, f32, lay.route_weights, lay.routed_y, tile, m, lane)
+                publish(Sync, lay.f_rdown + task, tag, tid)
+
+        # ---- S18: the rank's MoE partial, pushed ----------------------------------------------------
+        if const_expr(18 in stages):
+            tid, lane, wave, cta = lanes()
+            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
+            for task in range(cta, lay.s14_tasks, CTAS):
+                if const_expr(17 in stages):
+                    wait(Sync, lay.f_sdown + task, 1, tag, tid)
+                    for first in range_constexpr(lay.f_rdown, lay.f_rdown + lay.s17_tasks, THREADS):
+                        wait(Sync, first, min(THREADS, lay.f_rdown + lay.s17_tasks - first), tag, tid)
+                _moe_push(lay, task, f32, i32, lds_peers, Mailbox, half_at + moe_words, rank, tag, m, tid)
+
+        # ---- S19: the MoE all-reduce into out --------------------------------------------------------
+        if const_expr(19 in stages):
+            tid, lane, wave, cta = lanes()
+            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
+            out = typed_view(state("out", fx.BFloat16), fx.BFloat16, rows * H)
+            for task in range(cta, lay.s7_tasks, CTAS):
+                group, chunk = lay.s7_task(task)
+                first = group * SEAM_GROUP
+                for row in range(first, fx.min(first + SEAM_GROUP, rows)):
+                    live = row < m
+                    _reduce_row(lay, chunk, row, live, Mailbox, lds_peers, half_at + moe_words, rank, tag, y, tid)
+                    if live & (tid < SEAM_CHUNK):
+                        store_scalar(out, row * H + chunk * SEAM_CHUNK + tid, fx.memref_load(y, tid).to(fx.BFloat16),
+                                     fx.BFloat16)
+                    gpu.barrier()  # y is read before the next row's reduce writes it
+                publish(Sync, lay.f_out + task, tag, tid)
+
         leave(Sync, tag, CTAS, tid)
 
     return k2_kernel
 
 
 def build(spec: Spec, stages: frozenset[int] = ALL_STAGES) -> Build:
-    lay = K2Layout.of(spec)
+    lay = K2MoeLayout.of(spec)
     kernel = make_kernel(lay, frozenset(stages))
 
     @flyc.jit
     def launch_k2(Positions: fx.Tensor, SlotMapping: fx.Tensor, SwaIndices: fx.Tensor, SwaLens: fx.Tensor,
                   TopK: fx.Tensor, TokenReq: fx.Tensor, BlockTable: fx.Tensor, SwaCache: fx.Tensor,
                   CompCache: fx.Tensor, Weights: fx.Tensor, State: fx.Tensor,
-                  Sync: fx.Tensor, Work: fx.Tensor, Mailbox: fx.Tensor, Peers: fx.Tensor,
+                  Sync: fx.Tensor, Work: fx.Tensor, Mailbox: fx.Tensor, Peers: fx.Tensor, RouteIds: fx.Tensor,
                   m: fx.Int32, rank: fx.Int32, swa_page_stride: fx.Int32, swa_block: fx.Int32,
                   comp_page_stride: fx.Int32, comp_block: fx.Int32, bt_stride: fx.Int32, per_page: fx.Int32,
-                  stream: fx.Stream = fx.Stream(None)):
+                  use_hash: fx.Int32, stream: fx.Stream = fx.Stream(None)):
         kernel(Positions, SlotMapping, SwaIndices, SwaLens, TopK, TokenReq, BlockTable, SwaCache, CompCache, Weights,
-               State, Sync, Work, Mailbox, Peers, m, rank, swa_page_stride, swa_block, comp_page_stride, comp_block,
-               bt_stride, per_page).launch(
+               State, Sync, Work, Mailbox, Peers, RouteIds, m, rank, swa_page_stride, swa_block, comp_page_stride,
+               comp_block, bt_stride, per_page, use_hash).launch(
             grid=(CTAS, 1, 1), block=(THREADS, 1, 1), smem=PIN_LDS_BYTES, stream=stream)
 
     return Build(launch_k2, placeholders(lay))
 
 
-def placeholders(lay: K2Layout) -> tuple:
+def placeholders(lay: K2MoeLayout) -> tuple:
     """CPU tensors with the bucket's shapes (flat), in argument order, for flyc.compile."""
     rows = lay.rows
 
@@ -603,6 +834,6 @@ def placeholders(lay: K2Layout) -> tuple:
         empty(rows * lay.topk_width, i32), empty(rows, i32), empty(rows * 64, i32),
         empty(4 * record_page, u8), empty(4 * record_page, u8), empty(len(WEIGHT_TABLE), i64),
         empty(len(STATE_TABLE), i64), empty(lay.sync_words, i32), empty(lay.work_words, f32),
-        empty(lay.peer_bytes // PAIR_BYTES, i64), empty(PEERS, i64),
-        rows, 0, record_page, block, record_page, block, 64, block,
+        empty(lay.peer_bytes // PAIR_BYTES, i64), empty(PEERS, i64), empty(rows * TOPK, i32),
+        rows, 0, record_page, block, record_page, block, 64, block, 0,
     )

@@ -98,7 +98,8 @@ ROW_ALIGN = 256  # bytes: every region starts on a 256-byte boundary
 # as K1's (k1/layout.py PIN_LDS_BYTES).
 LDS_Y_WORDS = SEAM_CHUNK
 LDS_PEER_WORDS = 16  # eight ranks' peer-buffer addresses
-STATIC_LDS_BYTES = 4 * (LDS_RED_WORDS + LDS_GATE_WORDS + LDS_ACC_WORDS + LDS_Y_WORDS + LDS_PEER_WORDS)
+LDS_MOE_WORDS = model.ROUTED_EXPERTS  # S11: the experts' chosen flags, then the union's slots
+STATIC_LDS_BYTES = 4 * (LDS_RED_WORDS + LDS_GATE_WORDS + LDS_ACC_WORDS + LDS_Y_WORDS + LDS_PEER_WORDS + LDS_MOE_WORDS)
 PIN_LDS_BYTES = LDS_PER_CU // 2 + 64 - STATIC_LDS_BYTES
 # A cross-rank wait polls at most this many times (an s_sleep and a fabric round trip each,
 # seconds in all) before it traps: a rank that died mid-step fails the launch, never hangs it.
@@ -111,11 +112,17 @@ PEER_POLL_LIMIT = 1 << 22
 # arguments they would (the AMDGPU backend loads every kernel argument in the entry block), and
 # with every weight an argument K2 spilled SGPRs.
 WEIGHT_TABLE = ("w_oa", "s_oa", "w_ob", "s_ob", "attn_sink", "rope", "hc_fn", "hc_base", "hc_scale", "ffn_norm",
-                "woa_stride", "woa_shuffled", "wob_stride", "wob_shuffled")
+                "woa_stride", "woa_shuffled", "wob_stride", "wob_shuffled",
+                # part two (the MoE): the router's gate [384, 7168] bf16 and bias [384] f32 (any
+                # address on a hash layer: unread), the experts' A8W4 w13 / w2 and their shuffled
+                # E8M0 scales, the shared expert's gate_up [2 x inter, 7168] and down [7168, inter]
+                # e4m3 with 128 x 128 E8M0 codes, their row strides and layouts
+                "gate", "bias", "w13", "w13_s", "w2", "w2_s", "sgu", "sgu_s", "sw2", "sw2_s",
+                "sgu_stride", "sgu_shuffled", "sw2_stride", "sw2_shuffled")
 # The runner's buffers K2 reads and writes reach it the same way, one table a runner (they are
 # allocated once, at the widest bucket, and never move): K1's q_out, r_out, post_out and
 # comb_out (K2's inputs), then K2's outputs.
-STATE_TABLE = ("q", "residual", "post_in", "comb_in", "r_out", "post_out", "comb_out", "pre_out", "x_norm")
+STATE_TABLE = ("q", "residual", "post_in", "comb_in", "r_out", "post_out", "comb_out", "pre_out", "x_norm", "out")
 
 # The all-reduce's model (module docstring): link bandwidth a direction, latency a hop.
 LINK_BYTES_PER_S = 76.8e9

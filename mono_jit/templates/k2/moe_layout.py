@@ -207,3 +207,91 @@ class K2MoeLayout(K2Layout):
             steps += [("push", *p) for p in self.s19_pushes(task, rank)]
             steps.append(("publish", self.f_out + task, 1))
         return steps
+
+    # -- scratch: part two's regions after part one's -------------------------------------------
+    # f32 words
+    @property
+    def logits(self) -> int:
+        """[rows, 384] the router's f32 logits."""
+        return super().f32_words
+
+    @property
+    def route_weights(self) -> int:
+        """[rows, 6] the routing weights (renormalised x 2.5)."""
+        return self.logits + self.rows * EXPERTS
+
+    @property
+    def sgu_raw(self) -> int:
+        """[4 K quarters, rows, 2 x inter] the shared gate / up's f32 parts."""
+        return self.route_weights + self.rows * TOPK
+
+    @property
+    def shared_raw(self) -> int:
+        """[rows, 7168] the shared expert's f32 output."""
+        return self.sgu_raw + SHARED_K_PARTS * self.rows * 2 * self.inter
+
+    @property
+    def gu(self) -> int:
+        """[picks, 2 x inter] each pick's routed gate then up, f32."""
+        return self.shared_raw + self.rows * model.HIDDEN
+
+    @property
+    def routed_y(self) -> int:
+        """[picks, 7168] each pick's down output times its routing weight, f32."""
+        return self.gu + self.picks * 2 * self.inter
+
+    @property
+    def f32_words(self) -> int:
+        return self.routed_y + self.picks * model.HIDDEN
+
+    # i32 words
+    @property
+    def ids(self) -> int:
+        """[rows, 6] the chosen experts (a hash layer's as given)."""
+        return super().i32_words
+
+    @property
+    def union(self) -> int:
+        """[384] union slot -> expert; then [1] the union's size."""
+        return self.ids + self.rows * TOPK
+
+    @property
+    def union_size(self) -> int:
+        return self.union + EXPERTS
+
+    @property
+    def pick_of(self) -> int:
+        """[union_max, rows] (slot, row) -> the row's pick of that slot's expert, or -1."""
+        return self.union_size + 1
+
+    @property
+    def i32_words(self) -> int:
+        return self.pick_of + self.union_max * self.rows
+
+    # bytes: the MXFP8 operands of the two downs
+    @property
+    def pick_rows(self) -> int:
+        """Pick rows of the routed h operand: whole 16-row tiles."""
+        return -(-self.picks // TILE_N) * TILE_N
+
+    @property
+    def sh_codes(self) -> int:
+        """[operand_rows, inter] e4m3 of the shared expert's h."""
+        return super().bytes
+
+    @property
+    def sh_scales(self) -> int:
+        return self.sh_codes + self.operand_rows * self.inter
+
+    @property
+    def rh_codes(self) -> int:
+        """[pick_rows, inter] e4m3 of each pick's routed h."""
+        return -(-(self.sh_scales + self.operand_rows * self.inter // 32) // 256) * 256
+
+    @property
+    def rh_scales(self) -> int:
+        return self.rh_codes + self.pick_rows * self.inter
+
+    @property
+    def bytes(self) -> int:
+        return -(-(self.rh_scales + self.pick_rows * self.inter // 32) // 256) * 256

@@ -77,41 +77,50 @@ def router_kernel(X: fx.Tensor, Gate: fx.Tensor, Bias: fx.Tensor, HashIds: fx.Te
     gpu.barrier()
 
     if (row < m) & (wave == 0):
-        bias_view = flat_view(Bias)
-        neg_inf = fx.Float32(float("-inf"))
-        values, indices = [], []
-        for s in range_constexpr(SLOTS):
-            expert = lane + s * WAVE
-            biased = _score(fx.memref_load(logits, expert)) + load_scalar(bias_view, expert, fx.Float32)
-            values.append((biased != biased).select(neg_inf, biased))
-            indices.append(expert)
-        chosen = []
-        for _ in range_constexpr(TOPK):
-            best_value, best_index = values[0], indices[0]
-            for s in range_constexpr(1, SLOTS):
-                take = better(values[s], indices[s], best_value, best_index)
-                best_value = take.select(values[s], best_value)
-                best_index = take.select(indices[s], best_index)
-            best_value, best_index = wave_argmax(best_value, best_index)
-            chosen.append(best_index)
-            for s in range_constexpr(SLOTS):
-                hit = indices[s] == best_index
-                values[s] = hit.select(neg_inf, values[s])
-                indices[s] = hit.select(RETIRED, indices[s])
-
-        mine = chosen[0]
-        for k in range_constexpr(1, TOPK):
-            mine = (lane == k).select(chosen[k], mine)
-        active = lane < TOPK
-        hashed = load_scalar(flat_view(HashIds), row * TOPK + active.select(lane, 0), fx.Int32)
-        expert = (use_hash != 0).select(hashed, mine)
-        valid = active & (expert >= 0) & (expert < E)
-        raw = _score(fx.memref_load(logits, valid.select(expert, 0)))
-        raw = (valid & (raw == raw)).select(raw, 0.0)
-        weight = raw / fx.max(wave_sum(raw), 1.0e-20) * model.ROUTED_SCALING
+        expert, weight, active = select_top6(lambda e: fx.memref_load(logits, e), flat_view(Bias), flat_view(HashIds),
+                                             row, lane, use_hash)
         if active:
             store_scalar(flat_view(Ids), row * TOPK + lane, expert, fx.Int32)
             store_scalar(flat_view(Weights), row * TOPK + lane, weight, fx.Float32)
+
+
+def select_top6(logit_of, bias_view, hash_view, row, lane, use_hash):
+    """One wave: the row's experts and weights from its 384 logits (`logit_of(expert)`): top-6
+    of sqrt(softplus) + bias (larger first, the lower index on ties), or the hash layer's ids
+    (`use_hash`), each weight the expert's unbiased score renormalised x 2.5. Lane k < 6 gets
+    the k-th (expert, weight, True). K2's part two runs this too (one implementation)."""
+    neg_inf = fx.Float32(float("-inf"))
+    values, indices = [], []
+    for s in range_constexpr(SLOTS):
+        expert = lane + s * WAVE
+        biased = _score(logit_of(expert)) + load_scalar(bias_view, expert, fx.Float32)
+        values.append((biased != biased).select(neg_inf, biased))
+        indices.append(expert)
+    chosen = []
+    for _ in range_constexpr(TOPK):
+        best_value, best_index = values[0], indices[0]
+        for s in range_constexpr(1, SLOTS):
+            take = better(values[s], indices[s], best_value, best_index)
+            best_value = take.select(values[s], best_value)
+            best_index = take.select(indices[s], best_index)
+        best_value, best_index = wave_argmax(best_value, best_index)
+        chosen.append(best_index)
+        for s in range_constexpr(SLOTS):
+            hit = indices[s] == best_index
+            values[s] = hit.select(neg_inf, values[s])
+            indices[s] = hit.select(RETIRED, indices[s])
+
+    mine = chosen[0]
+    for k in range_constexpr(1, TOPK):
+        mine = (lane == k).select(chosen[k], mine)
+    active = lane < TOPK
+    hashed = load_scalar(hash_view, row * TOPK + active.select(lane, 0), fx.Int32)
+    expert = (use_hash != 0).select(hashed, mine)
+    valid = active & (expert >= 0) & (expert < E)
+    raw = _score(logit_of(valid.select(expert, 0)))
+    raw = (valid & (raw == raw)).select(raw, 0.0)
+    weight = raw / fx.max(wave_sum(raw), 1.0e-20) * model.ROUTED_SCALING
+    return expert, weight, active
 
 
 def build(spec: Spec) -> Build:
