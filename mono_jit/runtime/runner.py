@@ -18,9 +18,10 @@ compiles and loads nothing, so it is safe inside a graph capture; the constructi
 CaptureError if it ever runs inside one.
 
 The layer is K1, then vLLM's `select` (the compressor and, on CSA layers, the indexer, from
-K1's normed input and qr), then K2. K2's part one is built but not its MoE (part two), so K2
-cannot finish a layer: a runner whose grid needs it declines at construction, before it loads
-or runs anything (Template.serves), and `--monokernel` falls back on every rank today. A runner
+K1's normed input and qr), then K2. K2 is built (attention to the MoE's all-reduce) but this
+runner does not launch it yet (its layer tables, state table and peer exchange: issue 15), so a
+runner whose grid needs K2 declines at construction, before it loads or runs anything
+(Template.serves), and `--monokernel` falls back on every rank today. A runner
 built with `templates=("k1",)` runs K1 and `select` and then declines, so vLLM's path computes
 the layer: that is how the front half is tested end to end through vLLM's own hook.
 """

@@ -77,7 +77,7 @@ def test_while_k2_cannot_finish_a_layer_every_step_takes_vllms_path(md, tiny_mod
         for _ in range(2):
             run_step(layer, make_step(layer, 2))
     assert isinstance(md._runner, MonoRunner) and len(fallback) == 2
-    assert "rank 0: NotServable: template 'k2': K2 part two (the MoE stages" in md._runner.declined
+    assert "rank 0: NotServable: template 'k2': the runner's K2 step" in md._runner.declined
     assert caplog.text.count("every rank keeps vLLM's original path") == 1
 
 

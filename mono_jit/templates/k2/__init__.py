@@ -1,6 +1,6 @@
 """`k2`: the second persistent launch of the decode layer (256 CTAs x 512 threads, gfx950), after
-vLLM's compressor and indexer. Part one (this template today) runs from the key table through
-the attention's all-reduce to the FFN seam; part two (the MoE) extends the same template.
+vLLM's compressor and indexer: from the key table through the attention, its all-reduce, the
+FFN seam, the MoE and its all-reduce, in 19 stages.
 
 Part one, in stage order (semantics: `reference.py`, one function a stage; decomposition:
 `layout.py`; device code: `kernel.py`):
@@ -17,6 +17,12 @@ Part one, in stage order (semantics: `reference.py`, one function a stage; decom
   5. FFN seam      the fold into K1's residual, the mixes with hc_ffn_*, Sinkhorn, collapse,
                    ffn_norm and the MXFP8 of the normed row (the MoE's input, part two)
 
+Part two (semantics: `moe_reference.py`; decomposition: `moe_layout.py`; device code:
+`moe_kernel.py`): the sqrt-softplus router (top-6 with bias, or a hash layer's ids), the union
+of the step's experts, the shared expert (MXFP8 x FP8), the routed experts over the union
+(MXFP4 x MXFP8 scaled MFMAs, each expert's weights read once a step), the clamped SwiGLU, the
+rank's partial bf16(routed + shared) and its all-reduce into `out`.
+
 Contract (M = rows this step, 1 <= M <= spec.max_tokens; flat buffers, row-major; fp8 as bytes):
   in   positions    [M] int64;  slot_mapping [M] int64 (-1: a graph-pad row)
        swa_indices  [M, 128] int32 global SWA slots (-1 padded);  swa_lens [M] int32
@@ -24,7 +30,7 @@ Contract (M = rows this step, 1 <= M <= spec.max_tokens; flat buffers, row-major
        token_req    [M] int32 (CSA);  block_table [R, bt_stride] int32 compressed pages (CSA)
        swa_cache, comp_cache   the caches' bytes: pages of `*_block` 584-byte records,
                     `*_page_stride` bytes a page (K1's record layout)
-       weights      [14] int64, the layer's table (layout.WEIGHT_TABLE), filled once a layer:
+       weights      [28] int64, the layer's table (layout.WEIGHT_TABLE), filled once a layer:
                     addresses of wo_a [groups x 1024, woa_stride] e4m3 (row-major with vLLM's
                     padded rows, or AITER-preshuffled with stride 4096), its E8M0 codes
                     [groups x 8, 32], wo_b [7168, wob_stride] e4m3 (preshuffled: stride
@@ -32,20 +38,22 @@ Contract (M = rows this step, 1 <= M <= spec.max_tokens; flat buffers, row-major
                     table [P, 64] f32, hc_ffn_fn [24, 4 x 7168] f32, hc_ffn_base [24],
                     hc_ffn_scale [3] f32, ffn_norm [7168] bf16; then woa_stride, woa_shuffled,
                     wob_stride, wob_shuffled as integers
-       state        [9] int64, the runner's table (layout.STATE_TABLE), filled once: addresses
+       state        [10] int64, the runner's table (layout.STATE_TABLE), filled once: addresses
                     of K1's q_out [rows, heads, 512] bf16, r_out [rows, 4, 7168] bf16 (K2's
                     residual), post_out [rows, 4] and comb_out [rows, 4, 4] f32; then K2's
                     outputs: r_out [rows, 4, 7168] bf16 (R after the attention's fold; may be
                     K1's r_out), post_out [rows, 4], comb_out [rows, 4, 4] f32 (the FFN seam's
                     mixes), x_norm [rows, 7168] bf16 (ffn_norm of the collapse; its MXFP8 stays
-                    in `work`), pre_out [rows, 4] f32 (the FFN seam's pre, vLLM's pre_out), each
-                    at least `rows` (the bucket) rows
-  work sync         [K2Layout.sync_words] int32, zeroed once (as K1's: epochs, counters, flags)
-       work         [K2Layout.work_words] f32: scratch (f32, key-table and byte regions)
+                    in `work`), pre_out [rows, 4] f32 (the FFN seam's pre, vLLM's pre_out),
+                    out [rows, 7168] bf16 (the reduced MoE output), each at least `rows` rows
+  work sync         [K2MoeLayout.sync_words] int32, zeroed once (as K1's: epochs, counters, flags)
+       work         [K2MoeLayout.work_words] f32: scratch (f32, i32 and byte regions)
        mailbox      [peer_bytes / 8] int64: this rank's peer buffer (uncached, zeroed once,
                     IPC-shared: runtime/peer.py);  peers [8] int64: every rank's buffer address
                     by TP rank (entries past tp unused)
-  i32  m, rank, swa_page_stride, swa_block, comp_page_stride, comp_block, bt_stride, per_page
+       route_ids    [M, 6] int32: a hash layer's experts (tid2eid[input_ids]), read with use_hash
+  i32  m, rank, swa_page_stride, swa_block, comp_page_stride, comp_block, bt_stride, per_page,
+       use_hash
 
 Why tables: the AMDGPU backend loads every kernel argument in the entry block and keeps it
 live, so with each weight and buffer an argument K2 spilled up to 48 SGPRs; an address read
@@ -54,10 +62,10 @@ runner's buffers never move, so their tables are written once.
 
 Specialised by (TP, ratio, top-k width, max tokens): the key-table width and the attention's
 chunking follow the ratio and width. Layer kind is not a build: every K2 folds (the attention
-output into K1's R), and the MoE's hash routing is a run-time argument of part two.
+output into K1's R), and hash routing is the run-time `use_hash`.
 
-Until part two lands, K2 does not finish a layer (no MoE): `serves` is False, so the runner
-declines a grid that needs it instead of running half a layer.
+The runner does not launch K2 yet (issue 15: its K2 step, the layer tables and the peer
+exchange): `serves` is False, so a runner whose grid needs it declines before it runs anything.
 """
 
 from __future__ import annotations
@@ -80,12 +88,15 @@ class K2Template(Template):
         "templates/_seam.py", "templates/k1/__init__.py", "templates/k1/layout.py", "templates/k1/addressing.py",
         "templates/k1/reference.py", "templates/keytable/__init__.py", "templates/keytable/kernel.py",
         "templates/keytable/reference.py", "templates/k2/__init__.py", "templates/k2/layout.py",
-        "templates/k2/reference.py", "templates/k2/addressing.py", "templates/k2/kernel.py")
+        "templates/k2/reference.py", "templates/k2/addressing.py", "templates/k2/kernel.py",
+        "templates/k2/moe_layout.py", "templates/k2/moe_reference.py", "templates/k2/moe_addressing.py",
+        "templates/k2/moe_kernel.py", "templates/router/__init__.py", "templates/router/kernel.py",
+        "templates/router/reference.py")
     kernel_module = ".kernel"
     persistent = True
     budget = Budget(scratch_bytes=0, spills=0)
     serves = False
-    not_serving = "K2 part two (the MoE stages, issue 12) is not built: K2 cannot finish a layer yet"
+    not_serving = "the runner's K2 step (layer tables, peer exchange, issue 15) is not wired yet"
 
     def launch_shape(self, spec: Spec) -> LaunchShape:
         return LaunchShape(grid=(CTAS, 1, 1), block=(THREADS, 1, 1), dynamic_lds=PIN_LDS_BYTES)

@@ -1,7 +1,7 @@
 """K2 part two's stage decomposition (the MoE), after part one's S1-S8 in the same persistent
 launch: task tables, sync words and what each stage waits for, as plain numbers of a spec (pure
 Python, like layout.py; tests/test_k2_moe_protocol.py runs `program` on 8 ranks x 256 CTAs).
-Semantics: moe_reference.py. The kernel stages are not written yet (issue 12).
+Semantics: moe_reference.py; device code: moe_kernel.py.
 
   S9  router logits  task = 8 experts (one a wave): each expert's bf16 gate row read once for
                      all rows (a task per row would read the 5.5 MB gate once per row).
