@@ -132,9 +132,19 @@ class K2Run:
         lay = self.lay
         u8 = self.work.view(torch.uint8)
         at = lay.u8_at + {"xo_codes": lay.xo_codes, "xo_scales": lay.xo_scales, "z_codes": lay.z_codes,
-                          "z_scales": lay.z_scales}[name]
+                          "z_scales": lay.z_scales, "ffn_codes": lay.ffn_codes, "ffn_scales": lay.ffn_scales}[name]
         flat = value.contiguous().flatten().view(torch.uint8)
         u8[at: at + flat.numel()].copy_(flat.to(u8.device))
+
+    def moe_scratch(self) -> dict[str, torch.Tensor]:
+        """Part two's hand-offs (K2MoeLayout offsets): ids, routing weights, the shared output
+        and each pick's weighted down output."""
+        lay, work, m = self.lay, self.work.cpu(), self.m
+        i32 = work.view(torch.int32)[lay.i32_at // 4: lay.i32_at // 4 + lay.i32_words]
+        return {"ids": i32[lay.ids: lay.ids + 6 * m].view(m, 6),
+                "weights": work[lay.route_weights: lay.route_weights + 6 * m].view(m, 6),
+                "shared": work[lay.shared_raw: lay.shared_raw + m * H].view(m, H),
+                "picks": work[lay.routed_y: lay.routed_y + 6 * m * H].view(m, 6, H)}
 
     def pairs(self, region: str, src: int, half: int = 0) -> torch.Tensor:
         """[rows, 7168] bf16 of PART[src] (one hop) from this rank's mailbox half, and the tags."""
@@ -173,6 +183,14 @@ class K2Run:
     def expected(self, partials: list[torch.Tensor]) -> ref.K2Outputs:
         own = ref.rank_attention(self.x, self.w)
         return ref.finish(own, self.x, self.w, partials)
+
+    def check_out(self, want: torch.Tensor) -> None:
+        """The reduced MoE output against the reference's, rows past m untouched."""
+        got = self.state_tensors["out"].cpu()
+        actual = got[: self.m * H].view(self.m, H).float()
+        torch.testing.assert_close(actual, want.float(), rtol=3e-2, atol=3e-2)
+        assert (actual - want.float()).abs().mean().item() <= 3e-3, "out: mean error"
+        assert got[self.m * H:].eq(SENTINEL).all(), "out: rows past m were written"
 
     def check(self, want: ref.K2Outputs) -> None:
         """The FFN seam's outputs against the reference (K1's tolerances: f32 sums in another

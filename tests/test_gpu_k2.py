@@ -1,7 +1,8 @@
-"""K2 part one launched against its torch reference: each stage group alone on one MI355X, and
-the whole of part one across 8 of them (8 processes, peer buffers exchanged over gloo and opened
-by IPC, as the runner does). Skipped where there is no gfx950 GPU (or fewer than 8 for the group
-test); none of these has run on hardware yet."""
+"""K2 launched against its torch references: each stage group alone on one MI355X (part one's,
+and the MoE's router, shared and routed experts), and the whole of K2 across 8 of them (8
+processes, peer buffers exchanged over gloo and opened by IPC, as the runner does). Skipped where
+there is no gfx950 GPU (or fewer than 8 for the group tests); none of these has run on hardware
+yet."""
 
 from __future__ import annotations
 
@@ -112,6 +113,46 @@ def test_reduce_and_ffn_seam_alone_match_the_reference(bucket, shards):
     run.check(run.expected(partials))
 
 
+@pytest.fixture(scope="module")
+def moe_weights():
+    """All 384 experts at the real widths (about 1.6 GB of fp4 a rank), rank 2's shares in
+    vLLM's layouts (tests/test_k2_moe_reference.py's generator and AITER shuffles)."""
+    from test_k2_moe_reference import global_weights, vllm_layout
+
+    return vllm_layout(global_weights(experts=384), 2)
+
+
+@pytest.mark.parametrize("hash_layer", [False, True])
+def test_the_moe_alone_matches_the_reference(hash_layer, shards, moe_weights):
+    """Stages 9-17 fed the reference's FFN-seam output (x_norm and its MXFP8): the router's ids
+    and weights, the shared expert's output and the routed sum against moe_reference.rank_moe
+    (a hash layer with the ids vLLM would pass)."""
+    import dataclasses
+
+    from mono_jit.templates.k2 import moe_reference as moe
+
+    wd = world(4)
+    run0 = K2Run(wd, shards[2], 2, BUCKET, "cpu")
+    seam = ref.finish(ref.rank_attention(run0.x, run0.w), run0.x, run0.w,
+                      [o.rank.partial for o in ref.k2_part_one_ranks([wd.rank(r) for r in range(TP)], shards)]).seam
+    weights = dataclasses.replace(moe_weights, bias=None) if hash_layer else moe_weights
+    route_ids = torch.randint(0, 384, (run0.m, 6), generator=torch.Generator().manual_seed(5)) if hash_layer else None
+    run = K2Run(wd, shards[2], 2, BUCKET, "cuda", moe=weights, route_ids=route_ids)
+    run.state_tensors["x_norm"][: seam.x_norm.numel()] = seam.x_norm.flatten().to("cuda")
+    run.write_scratch("ffn_codes", seam.x_codes)
+    run.write_scratch("ffn_scales", seam.x_scales)
+    _launcher(4, 1024, frozenset(range(9, 18)))(run)
+    torch.cuda.synchronize()
+    want = moe.rank_moe(seam.x_norm, weights, route_ids)
+    got = run.moe_scratch()
+    assert (got["ids"] == want.ids).float().mean() > 0.99, "experts differ beyond near-ties"
+    same = got["ids"] == want.ids
+    torch.testing.assert_close(got["weights"][same], want.weights[same], rtol=2e-3, atol=2e-4)
+    torch.testing.assert_close(got["shared"].to(torch.bfloat16).float(), want.shared.float(), rtol=3e-2, atol=3e-2)
+    routed = got["picks"].sum(1).to(torch.bfloat16)
+    torch.testing.assert_close(routed.float(), want.routed.float(), rtol=3e-2, atol=3e-2)
+
+
 def _rank_main(rank: int, port: int, ratio: int, results) -> None:
     """One of 8 processes: its device, the gloo group, the peer buffers (runtime/peer.py), K2
     part one from the cache through the runner's HIP backend, three launches in a row."""
@@ -133,7 +174,14 @@ def _rank_main(rank: int, port: int, ratio: int, results) -> None:
         memory, why = exchange(Hip.get(), lay.peer_bytes, dist.group.WORLD, rank, TP)
         assert why is None, why
         mailbox = DeviceBuffer(memory.local.pointer, lay.peer_bytes // 8, "int64")
-        run = K2Run(wd, shards[rank], rank, BUCKET, "cuda", mailbox=mailbox, peer_addresses=memory.addresses)
+        from test_k2_moe_reference import global_weights, vllm_layout
+
+        from mono_jit.templates.k2 import moe_reference as moe
+
+        moes = [vllm_layout(global_weights(experts=384), r) for r in range(TP)]
+        run = K2Run(wd, shards[rank], rank, BUCKET, "cuda", mailbox=mailbox, peer_addresses=memory.addresses,
+                    moe=moes[rank])
+        whole = moe.k2_ranks([wd.rank(r) for r in range(TP)], shards, moes)
         spec = Spec(8, ratio, width, BUCKET)
         found = resolve("k2", spec)
         backend = HipBackend()
@@ -143,6 +191,7 @@ def _rank_main(rank: int, port: int, ratio: int, results) -> None:
             backend.launch(kernel, run.arguments(), torch.cuda.current_stream().cuda_stream)
             torch.cuda.synchronize()
             run.check(run.expected(partials))
+            run.check_out(whole[rank].outputs.out)
         results[rank] = int(run.sync[0])
     finally:
         dist.destroy_process_group()
@@ -151,7 +200,9 @@ def _rank_main(rank: int, port: int, ratio: int, results) -> None:
 @pytest.mark.skipif(torch.cuda.device_count() < TP if torch.cuda.is_available() else True,
                     reason="needs 8 MI355X GPUs in one node (the TP8 all-reduce)")
 @pytest.mark.parametrize("ratio", [4, 128])
-def test_k2_part_one_on_8_gpus_matches_the_reference(ratio):
+def test_k2_on_8_gpus_matches_the_reference(ratio):
+    """The whole of K2 on a TP8 group, three launches in a row: part one's outputs and the
+    MoE's reduced `out` against moe_reference.k2_ranks."""
     import torch.multiprocessing as mp
 
     manager = mp.Manager()

@@ -89,3 +89,17 @@ def test_the_comparison_accepts_the_reference_and_rejects_a_wrong_value(shards, 
     with pytest.raises(AssertionError, match="rows past m"):
         run.check(want)
     assert SENTINEL < 0
+
+
+def test_the_moe_entries_and_route_ids_follow_the_contract(shards):
+    from test_k2_moe_reference import global_weights, vllm_layout
+
+    moe = vllm_layout(global_weights(experts=8), 0)
+    ids = torch.randint(0, 8, (3, 6), dtype=torch.int32)
+    run = K2Run(world(4), shards[0], 0, 4, "cpu", moe=moe, route_ids=ids)
+    table = dict(zip(WEIGHT_TABLE, run.weights.tolist()))
+    assert table["w13"] == run.weight_tensors["w13"].data_ptr() and table["sw2_stride"] == run.lay.inter
+    assert table["gate"] == run.weight_tensors["gate"].data_ptr() and table["sgu_shuffled"] == 1
+    args = run.arguments()
+    assert args["use_hash"] == 1 and torch.equal(args["route_ids"], ids.flatten())
+    assert K2Run(world(4), shards[0], 0, 4, "cpu").arguments()["use_hash"] == 0
