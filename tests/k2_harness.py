@@ -136,6 +136,16 @@ class K2Run:
         flat = value.contiguous().flatten().view(torch.uint8)
         u8[at: at + flat.numel()].copy_(flat.to(u8.device))
 
+    def region(self, kind: str, offset: int, count: int) -> torch.Tensor:
+        """A device view of `count` elements at `offset` of the work buffer's f32, i32 or u8
+        region (K2MoeLayout offsets): for a standalone stage's inputs and outputs."""
+        lay = self.lay
+        if kind == "f32":
+            return self.work[offset: offset + count]
+        if kind == "i32":
+            return self.work.view(torch.int32)[lay.i32_at // 4 + offset: lay.i32_at // 4 + offset + count]
+        return self.work.view(torch.uint8)[lay.u8_at + offset: lay.u8_at + offset + count]
+
     def moe_scratch(self) -> dict[str, torch.Tensor]:
         """Part two's hand-offs (K2MoeLayout offsets): ids, routing weights, the shared output
         and each pick's weighted down output."""
