@@ -68,7 +68,7 @@ from ..router.kernel import select_top6
 from . import addressing as k2a
 from .layout import (HEAD_TILE, HEADS_PER_GROUP, LDS_Y_WORDS, PAIR_BYTES, PEER_POLL_LIMIT,
                      LDS_MOE_WORDS, PIN_LDS_BYTES, STATE_TABLE, WEIGHT_TABLE)
-from .moe_layout import DOWN_TILES, SHARED_K_PARTS, TOPK, K2MoeLayout
+from .moe_layout import DOWN_TILES, SHARED_K_PARTS, TOPK, K2MoeLayout, waits
 from . import moe_addressing as ma
 from . import moe_kernel as mk
 from .reference import SCALE
@@ -737,8 +737,8 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
             for pick in range(cta, lay.picks, CTAS):
                 if pick // TOPK < m:
                     if const_expr(15 in stages):
-                        for first in range_constexpr(lay.f_rgu, lay.f_rgu + lay.s15_tasks, THREADS):
-                            wait(Sync, first, min(THREADS, lay.f_rgu + lay.s15_tasks - first), tag, tid)
+                        for _, first, count in waits(lay.f_rgu, lay.s15_tasks):
+                            wait(Sync, first, count, tag, tid)
                     if wave == 0:
                         first = lay.gu + pick * 2 * inter
                         mk.act_row(f32x4, u8x8, u8, first, first + inter, 1, 0, False, inter,
@@ -773,8 +773,8 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
             for task in range(cta, lay.s14_tasks, CTAS):
                 if const_expr(17 in stages):
                     wait(Sync, lay.f_sdown + task, 1, tag, tid)
-                    for first in range_constexpr(lay.f_rdown, lay.f_rdown + lay.s17_tasks, THREADS):
-                        wait(Sync, first, min(THREADS, lay.f_rdown + lay.s17_tasks - first), tag, tid)
+                    for _, first, count in waits(lay.f_rdown, lay.s17_tasks):
+                        wait(Sync, first, count, tag, tid)
                 _moe_push(lay, task, f32, i32, lds_peers, Mailbox, half_at + moe_words, rank, tag, m, tid)
 
         # ---- S19: the MoE all-reduce into out --------------------------------------------------------

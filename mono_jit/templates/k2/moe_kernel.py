@@ -30,7 +30,7 @@ from .._dsl import WAVE, dsl, load, load_scalar, store_scalar, wave_sum
 from .._gemv import FP4, mfma
 from .._numerics import VEC, bf16_round, load8_f32, mx_store, sigmoid
 from ..k1 import addressing as ad
-from ..k1.layout import THREADS, TILE_K, TILE_N, WAVES
+from ..k1.layout import THREADS, TILE_N, WAVES
 from . import moe_addressing as ma
 from .moe_reference import SWIGLU_LIMIT
 
@@ -224,7 +224,3 @@ def partial_pair(f32, i32, ids_at, y_at, shared_at, row, col, live):
         shared = bf16_round(load_scalar(f32, shared_at + row * H + col + d, fx.Float32))
         out.append(live.select(bf16_round(bf16_round(routed[d]) + shared), 0.0))
     return out
-
-
-def fp4_k_steps(k: int) -> int:
-    return k // TILE_K
