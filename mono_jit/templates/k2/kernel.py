@@ -647,7 +647,10 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
                     if const_expr(9 in stages):
                         wait(Sync, lay.f_logits, lay.s9_tasks, tag, tid)
                     if wave == 0:
-                        _top6_row(f32, i32, typed_view(weight("bias", fx.Float32), fx.Float32, mk.E),
+                        # a hash layer has no bias: its view holds 0 bytes, so every read is 0 and
+                        # touches no memory (the table entry may be 0)
+                        bias = typed_view(weight("bias", fx.Float32), fx.Float32, (use_hash == 0).select(mk.E, 0))
+                        _top6_row(f32, i32, bias,
                                   flat_view(RouteIds), lay.logits, lay.ids, lay.route_weights, row, lane, use_hash)
                 publish(Sync, lay.f_top + row, tag, tid)
 

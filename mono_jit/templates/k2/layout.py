@@ -113,8 +113,8 @@ PEER_POLL_LIMIT = 1 << 22
 # with every weight an argument K2 spilled SGPRs.
 WEIGHT_TABLE = ("w_oa", "s_oa", "w_ob", "s_ob", "attn_sink", "rope", "hc_fn", "hc_base", "hc_scale", "ffn_norm",
                 "woa_stride", "woa_shuffled", "wob_stride", "wob_shuffled",
-                # part two (the MoE): the router's gate [384, 7168] bf16 and bias [384] f32 (any
-                # address on a hash layer: unread), the experts' A8W4 w13 / w2 and their shuffled
+                # part two (the MoE): the router's gate [384, 7168] bf16 and bias [384] f32 (0 on a
+                # hash layer: never dereferenced), the experts' A8W4 w13 / w2 and their shuffled
                 # E8M0 scales, the shared expert's gate_up [2 x inter, 7168] and down [7168, inter]
                 # e4m3 with 128 x 128 E8M0 codes, their row strides and layouts
                 "gate", "bias", "w13", "w13_s", "w2", "w2_s", "sgu", "sgu_s", "sw2", "sw2_s",
