@@ -37,7 +37,12 @@ Contract (M = rows this step, 1 <= M <= spec.max_tokens; flat buffers, row-major
                     groups x 1024), its codes [56, groups x 8], attn_sink [heads] f32, the rope
                     table [P, 64] f32, hc_ffn_fn [24, 4 x 7168] f32, hc_ffn_base [24],
                     hc_ffn_scale [3] f32, ffn_norm [7168] bf16; then woa_stride, woa_shuffled,
-                    wob_stride, wob_shuffled as integers
+                    wob_stride, wob_shuffled as integers; then the MoE's: gate [384, 7168]
+                    bf16, bias [384] f32 (0 on a hash layer), w13 [384, 2 x inter, 3584] and w2
+                    [384, 7168, inter / 2] fp4x2 in AITER's A8W4 layout and their shuffled E8M0
+                    scales, the shared gate_up [2 x inter, sgu_stride] and down [7168,
+                    sw2_stride] e4m3 with 128 x 128 E8M0 codes; sgu_stride, sgu_shuffled,
+                    sw2_stride, sw2_shuffled
        state        [10] int64, the runner's table (layout.STATE_TABLE), filled once: addresses
                     of K1's q_out [rows, heads, 512] bf16, r_out [rows, 4, 7168] bf16 (K2's
                     residual), post_out [rows, 4] and comb_out [rows, 4, 4] f32; then K2's
