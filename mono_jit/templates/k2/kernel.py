@@ -473,13 +473,15 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
                     typed_view(u8_at, fx.Uint8, lay.bytes), typed_view(u8_at, fx.Uint8, lay.bytes, VEC),
                     typed_view(u8_at, fx.Uint8, lay.bytes, 16))
 
-        f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
-
         def lanes():
             """(tid, lane, wave, cta) recomputed for a stage (_dsl.fresh): no lane mask or loop guard
             lives across stages."""
             fresh_tid = fresh(fx.thread_idx.x)
             return fresh_tid, fresh_tid % WAVE, wave, fresh_scalar(fx.block_idx.x)
+
+        def stage():
+            """A stage's own lanes, loop guard and work views (lanes, work_views)."""
+            return (*lanes(), work_views())
 
         def weight(name, dtype):
             """The layer's weight `name` (layout.WEIGHT_TABLE) as a pointer to `dtype`."""
@@ -495,8 +497,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
 
         # ---- S1: key table -------------------------------------------------------------------
         if const_expr(1 in stages):
-            tid, lane, wave, cta = lanes()
-            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
+            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             for row in range(cta, rows, CTAS):
                 if wave == 0:
                     count, swa = fx.Int32(0), fx.Int32(0)
@@ -512,8 +513,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
 
         # ---- S2: attention over a key chunk ---------------------------------------------------
         if const_expr(2 in stages):
-            tid, lane, wave, cta = lanes()
-            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
+            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             for task in range(cta, lay.s2_tasks, CTAS):
                 if lay.s2_task(task)[0] < m:
                     if const_expr(1 in stages):
@@ -525,8 +525,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
 
         # ---- S3: merge, inverse RoPE, MXFP8 ---------------------------------------------------
         if const_expr(3 in stages):
-            tid, lane, wave, cta = lanes()
-            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
+            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             for task in range(cta, lay.s3_tasks, CTAS):
                 if lay.s3_task(task)[0] < m:
                     if const_expr(2 in stages):
@@ -538,8 +537,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
 
         # ---- S4: wo_a -------------------------------------------------------------------------
         if const_expr(4 in stages):
-            tid, lane, wave, cta = lanes()
-            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
+            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             woa_stride = layer_int("woa_stride")
             w_oa = Fp8Weight(typed_view(weight("w_oa", fx.Uint8), fx.Uint8, lay.o_width * woa_stride, 16),
                              weight("s_oa", fx.Uint8), HEADS_PER_GROUP * HEAD_DIM, woa_stride,
@@ -556,8 +554,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
 
         # ---- S5: z = bf16(wo_a), MXFP8 --------------------------------------------------------
         if const_expr(5 in stages):
-            tid, lane, wave, cta = lanes()
-            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
+            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             for row in range(cta, rows, CTAS):
                 if row < m:
                     if const_expr(4 in stages):
@@ -567,8 +564,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
 
         # ---- S6: wo_b, pushed to the peers ----------------------------------------------------
         if const_expr(6 in stages):
-            tid, lane, wave, cta = lanes()
-            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
+            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             wob_stride = layer_int("wob_stride")
             w_ob = Fp8Weight(typed_view(weight("w_ob", fx.Uint8), fx.Uint8, H * wob_stride, 16),
                              weight("s_ob", fx.Uint8), lay.o_width, wob_stride, layer_int("wob_shuffled"))
@@ -581,8 +577,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
 
         # ---- S7: all-reduce and the FFN seam's fold -------------------------------------------
         if const_expr(7 in stages):
-            tid, lane, wave, cta = lanes()
-            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
+            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             stream = tid // SEAM_CHUNK
             for task in range(cta, lay.s7_tasks, CTAS):
                 group, chunk = lay.s7_task(task)
@@ -605,8 +600,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
 
         # ---- S8: the FFN seam's gate, collapse, ffn_norm, MXFP8 -------------------------------
         if const_expr(8 in stages):
-            tid, lane, wave, cta = lanes()
-            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
+            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             for row in range(cta, rows, CTAS):
                 if row < m:
                     if const_expr(7 in stages):
@@ -628,8 +622,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
 
         # ---- S9: router logits ---------------------------------------------------------------
         if const_expr(9 in stages):
-            tid, lane, wave, cta = lanes()
-            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
+            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             for task in range(cta, lay.s9_tasks, CTAS):
                 if const_expr(8 in stages):
                     wait(Sync, lay.f_norm, m, tag, tid)
@@ -640,8 +633,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
 
         # ---- S10: top-6 a row --------------------------------------------------------------------
         if const_expr(10 in stages):
-            tid, lane, wave, cta = lanes()
-            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
+            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             for row in range(cta, rows, CTAS):
                 if row < m:
                     if const_expr(9 in stages):
@@ -656,8 +648,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
 
         # ---- S11: the union of chosen experts ----------------------------------------------------
         if const_expr(11 in stages):
-            tid, lane, wave, cta = lanes()
-            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
+            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             for _ in range(cta, 1, CTAS):
                 if const_expr(10 in stages):
                     wait(Sync, lay.f_top, m, tag, tid)
@@ -666,8 +657,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
 
         # ---- S12: shared gate / up ---------------------------------------------------------------
         if const_expr(12 in stages):
-            tid, lane, wave, cta = lanes()
-            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
+            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             w_sgu = Fp8Weight(typed_view(weight("sgu", fx.Uint8), fx.Uint8, 2 * inter * layer_int("sgu_stride"), 16),
                               weight("sgu_s", fx.Uint8), H, layer_int("sgu_stride"), layer_int("sgu_shuffled"))
             x_mx = Mxfp8Rows(u8x16, u8, lay.ffn_codes, lay.ffn_scales, H)
@@ -684,8 +674,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
 
         # ---- S13: shared SwiGLU, MXFP8 -------------------------------------------------------------
         if const_expr(13 in stages):
-            tid, lane, wave, cta = lanes()
-            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
+            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             for row in range(cta, rows, CTAS):
                 if row < m:
                     if const_expr(12 in stages):
@@ -698,8 +687,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
 
         # ---- S14: shared down ----------------------------------------------------------------------
         if const_expr(14 in stages):
-            tid, lane, wave, cta = lanes()
-            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
+            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             w_sw2 = Fp8Weight(typed_view(weight("sw2", fx.Uint8), fx.Uint8, H * layer_int("sw2_stride"), 16),
                               weight("sw2_s", fx.Uint8), inter, layer_int("sw2_stride"), layer_int("sw2_shuffled"))
             h_mx = Mxfp8Rows(u8x16, u8, lay.sh_codes, lay.sh_scales, inter)
@@ -714,8 +702,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
 
         # ---- S15: routed gate / up over the union ----------------------------------------------------
         if const_expr(15 in stages):
-            tid, lane, wave, cta = lanes()
-            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
+            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             w13 = typed_view(weight("w13", fx.Uint8), fx.Uint8, ma.expert_weight_bytes(mk.E * 2 * inter, H), 16)
             w13_s = typed_view(weight("w13_s", fx.Uint8), fx.Uint8, ma.expert_scale_bytes(mk.E * 2 * inter, H))
             x_mx = Mxfp8Rows(u8x16, u8, lay.ffn_codes, lay.ffn_scales, H)
@@ -735,8 +722,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
 
         # ---- S16: routed SwiGLU a pick, MXFP8 ---------------------------------------------------------
         if const_expr(16 in stages):
-            tid, lane, wave, cta = lanes()
-            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
+            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             for pick in range(cta, lay.picks, CTAS):
                 if pick // TOPK < m:
                     if const_expr(15 in stages):
@@ -750,8 +736,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
 
         # ---- S17: routed down over the union, a wave a tile ------------------------------------------
         if const_expr(17 in stages):
-            tid, lane, wave, cta = lanes()
-            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
+            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             w2 = typed_view(weight("w2", fx.Uint8), fx.Uint8, ma.expert_weight_bytes(mk.E * H, inter), 16)
             w2_s = typed_view(weight("w2_s", fx.Uint8), fx.Uint8, ma.expert_scale_bytes(mk.E * H, inter))
             per_slot = H // TILE_N // DOWN_TILES
@@ -771,8 +756,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
 
         # ---- S18: the rank's MoE partial, pushed ----------------------------------------------------
         if const_expr(18 in stages):
-            tid, lane, wave, cta = lanes()
-            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
+            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             for task in range(cta, lay.s14_tasks, CTAS):
                 if const_expr(17 in stages):
                     wait(Sync, lay.f_sdown + task, 1, tag, tid)
@@ -782,8 +766,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
 
         # ---- S19: the MoE all-reduce into out --------------------------------------------------------
         if const_expr(19 in stages):
-            tid, lane, wave, cta = lanes()
-            f32, f32x4, i32, u8, u8x8, u8x16 = work_views()
+            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             out = typed_view(state("out", fx.BFloat16), fx.BFloat16, rows * H)
             for task in range(cta, lay.s7_tasks, CTAS):
                 group, chunk = lay.s7_task(task)
