@@ -19,3 +19,17 @@ def settings_at(root: Path, **extra: str) -> Settings:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("MONO_JIT_")}
     environ.update(MONO_JIT_CACHE_DIR=str(root), **extra)
     return Settings(environ)
+
+
+def cached_builds(root: Path, key) -> dict:
+    """{key(meta["spec"]): (meta, hsaco, ISA listing)} of every entry in the cache at `root`
+    (a session fixture's real gfx950 compiles, for the templates' static gates)."""
+    from mono_jit.cache.store import Store
+    from mono_jit.isa import disassemble, find_objdump
+
+    objdump = find_objdump(Settings())
+    builds = {}
+    for entry in Store(settings_at(root)).entries():
+        assert not isinstance(entry, tuple), entry
+        builds[key(entry.meta["spec"])] = (entry.meta, entry.hsaco, disassemble(entry.hsaco, objdump))
+    return builds

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from cache_settings import settings_at
+from cache_settings import cached_builds, settings_at
 
 from mono_jit.cache.store import Store
 from mono_jit.config import Settings
@@ -27,14 +27,7 @@ K_STEPS = 4 + 3  # MFMAs per wave and row tile: S3 3 + 1 predicated (28 steps / 
 @pytest.fixture(scope="session")
 def k1_builds(k1_cache):
     """{max_tokens: (meta, hsaco, listing)} for K1 at TP8, compiled once per session."""
-    settings = settings_at(k1_cache)
-    objdump = find_objdump(Settings())
-    builds = {}
-    for entry in Store(settings).entries():
-        assert not isinstance(entry, tuple), entry
-        rows = entry.meta["spec"]["max_tokens"]
-        builds[rows] = (entry.meta, entry.hsaco, disassemble(entry.hsaco, objdump))
-    return builds
+    return cached_builds(k1_cache, lambda spec: spec["max_tokens"])
 
 
 @pytest.mark.parametrize("rows", BUCKETS)

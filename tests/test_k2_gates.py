@@ -10,9 +10,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from cache_settings import settings_at
+from cache_settings import cached_builds
 
-from mono_jit.cache.store import Store
 from mono_jit.config import Settings
 from mono_jit.hsaco import read_metadata
 from mono_jit.isa import disassemble, find_objdump, instruction_counts
@@ -31,14 +30,7 @@ UPSTREAM_VGPRS = 256
 @pytest.fixture(scope="session")
 def k2_builds(k2_cache):
     """{(ratio, max_tokens): (meta, hsaco, listing)} for K2 at TP8, compiled once per session."""
-    settings = settings_at(k2_cache)
-    objdump = find_objdump(Settings())
-    builds = {}
-    for entry in Store(settings).entries():
-        assert not isinstance(entry, tuple), entry
-        spec = entry.meta["spec"]
-        builds[(spec["ratio"], spec["max_tokens"])] = (entry.meta, entry.hsaco, disassemble(entry.hsaco, objdump))
-    return builds
+    return cached_builds(k2_cache, lambda spec: (spec["ratio"], spec["max_tokens"]))
 
 
 def _id(build):
