@@ -49,9 +49,10 @@ def test_the_front_through_the_reference_matches_k1_on_vllms_tensors(k1_weights,
     assert torch.equal(normed, want.x_norm) and torch.equal(qr, want.qr)
 
 
-def test_a_grid_that_needs_k2_declines_on_every_step_without_running_anything(weights):
+def test_a_rank_without_its_peers_declines_on_every_step_without_running_anything(weights):
     runner = MonoRunner(8, 0, None, "cpu", 8192, backend=ReferenceBackend())
-    assert "rank 0: NotServable: template 'k2': the runner's K2 step" in runner.declined and not runner.kernels
+    assert runner.declined == "rank 0: peer memory: ValueError: no process group to exchange 8 ranks' peer buffers over"
+    assert not runner.kernels
     step = hook_step(weights, 2, False)
     assert runner.forward(*step.args, **step.kwargs)[:4] is None
     assert step.selected == []

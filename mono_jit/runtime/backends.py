@@ -1,10 +1,11 @@
 """Two ways to run a template's launch on named arguments, behind one interface.
 
 `hip` loads the cached code object and launches it with the kernarg buffer packed from the
-entry's metadata. `reference` runs the template's torch reference (`reference.run`, the kernel
-contract in torch) on the same tensors, CPU or GPU: the runner's whole path, from vLLM's
-tensors through the argument mapping to the outputs, then runs where there is no GPU. Both
-check the arguments against the template's declaration the same way (`kernargs.pack`).
+entry's metadata. `reference` runs the template's torch reference (`run(arguments, spec)` of
+its `reference_module`, the kernel contract in torch) on the same tensors: the runner's whole
+path, from vLLM's tensors through the argument mapping to the outputs, then runs where there
+is no GPU. Both check the arguments against the template's declaration the same way
+(`kernargs.pack`).
 """
 
 from __future__ import annotations
@@ -82,15 +83,15 @@ class ReferenceBackend:
     needs_cache = False
 
     def load(self, template: Template, spec: Spec, meta: Mapping[str, Any], hsaco: bytes | None) -> Kernel:
-        module = importlib.import_module(f"{type(template).__module__}.reference")
-        run: Callable[[Mapping[str, Any]], None] | None = getattr(module, "run", None)
+        module = importlib.import_module(template.reference_module_name())
+        run: Callable[[dict[str, Any], Spec], None] | None = getattr(module, "run", None)
         if run is None:
             raise KernargError(f"{template.name}: its reference has no run() (the kernel contract in torch)")
         return Kernel(template.name, spec, meta or declared_meta(template, spec), run)
 
     def launch(self, kernel: Kernel, values: Mapping[str, Any], stream: int) -> None:
         pack(kernel.meta, values)  # the same argument checks as a real launch
-        kernel.handle(dict(values))
+        kernel.handle(dict(values), kernel.spec)
 
 
 def backend(name: str) -> Backend:

@@ -51,23 +51,29 @@ class PeerMemory:
 
 def _gather(group: Any, value: object, ranks: int) -> list[object]:
     if group is None:
+        if ranks != 1:
+            raise ValueError(f"no process group to exchange {ranks} ranks' peer buffers over")
         return [value]
     import torch.distributed as dist
 
+    if dist.get_world_size(group) != ranks:
+        raise ValueError(f"a TP group of {dist.get_world_size(group)} ranks, expected {ranks}")
     gathered: list[object] = [None] * ranks
     dist.all_gather_object(gathered, value, group=group)
     return gathered
 
 
-def exchange(hip: Any, nbytes: int, group: Any, rank: int, tp: int) -> tuple[PeerMemory | None, str | None]:
+def exchange(memory: Any, nbytes: int, group: Any, rank: int, tp: int) -> tuple[PeerMemory | None, str | None]:
     """Allocate, exchange and open every rank's buffer; (memory, None) on every rank, or
-    (None, reason naming the failed ranks) on every rank. Collective over `group`."""
+    (None, reason naming the failed ranks) on every rank. Collective over `group`. `memory`
+    allocates and maps: HIP's IPC (hip.Hip) or host shared memory (host_memory.py), whose
+    `settled` runs once every rank has opened every buffer."""
     size = -(-nbytes // PAGE) * PAGE
     local = handle = None
     why = ""
     try:
-        local = hip.malloc_uncached(size)
-        handle = hip.ipc_handle(local)
+        local = memory.malloc_uncached(size)
+        handle = memory.ipc_handle(local)
     except Exception as exc:  # any failure here must still reach the collective below
         why = f"peer memory: {exc}"
     handles = _gather(group, handle, tp)
@@ -77,15 +83,17 @@ def exchange(hip: Any, nbytes: int, group: Any, rank: int, tp: int) -> tuple[Pee
             for peer, peer_handle in enumerate(handles):
                 if peer_handle is None:
                     raise RuntimeError(f"rank {peer} has no peer buffer")
-                addresses.append(local if peer == rank else hip.ipc_open(peer_handle))
+                addresses.append(local if peer == rank else memory.ipc_open(peer_handle))
         except Exception as exc:
             why = f"opening peer memory: {exc}"
     failed = agree(group, not why, why)
     if failed is None:
+        if hasattr(memory, "settled"):
+            memory.settled(local)
         return PeerMemory(DeviceBuffer(local, size, "uint8"), addresses), None
     for peer, address in enumerate(addresses):
         if peer != rank:
-            hip.ipc_close(address)
+            memory.ipc_close(address)
     if local is not None:
-        hip.free(local)
+        memory.free(local)
     return None, failed

@@ -18,12 +18,14 @@ compiles and loads nothing, so it is safe inside a graph capture; the constructi
 CaptureError if it ever runs inside one.
 
 The layer is K1, then vLLM's `select` (the compressor and, on CSA layers, the indexer, from
-K1's normed input and qr), then K2. K2 is built (attention to the MoE's all-reduce) but this
-runner does not launch it yet (its layer tables, state table and peer exchange: issue 15), so a
-runner whose grid needs K2 declines at construction, before it loads or runs anything
-(Template.serves), and `--monokernel` falls back on every rank today. A runner
-built with `templates=("k1",)` runs K1 and `select` and then declines, so vLLM's path computes
-the layer: that is how the front half is tested end to end through vLLM's own hook.
+K1's normed input and qr), then K2 (the attention to the MoE's all-reduce). K2 reads the layer's
+weights and the runner's buffers through address tables (tables.py): a layer's is made at its
+first call (an eager step: vLLM warms every graph size up before it captures), and one state
+table per output set at construction. The outputs live in two runner-owned sets; a layer writes
+the set that does not hold its inputs (the previous layer's outputs), so a step allocates
+nothing and a graph's replays read and write the buffers its capture saw. A runner built
+without K2 (`templates=("k1",)`, for tests of the front half) runs K1 and `select`, then
+declines the layer to vLLM's path.
 """
 
 from __future__ import annotations
@@ -41,9 +43,13 @@ from ..errors import CaptureError
 from ..resolve import capturing
 from ..spec import STANDARD_MAX_TOKENS, bucket_for
 from ..templates import get
+from ..templates.k2.moe_layout import TOPK
 from .agree import agree
 from .backends import Backend, Kernel, backend as make_backend
+from .host_memory import HostSharedMemory, host_tensor
 from .kernels import LAYER_TEMPLATES, GridEntry, layer_grid, load_grid
+from .peer import DeviceBuffer, exchange
+from .tables import state_table, weight_table
 from .weights import MonoLayerWeights
 
 log = logging.getLogger("mono_jit.runtime")
@@ -52,10 +58,7 @@ BLOCKS = 256  # CTAs of a persistent launch: every one resident, one per CU (vLL
 MAX_TOKENS = model.MAX_DECODE_TOKENS
 H, STREAMS, Q_LORA, HEAD_DIM = model.HIDDEN, 4, 1536, 512
 RECORD = 584
-
-
-class NotServable(Exception):
-    """A template of the runner's grid cannot finish a layer yet (Template.serves)."""
+PEER_TABLE = 8  # entries of a peers table (K2's `peers`: every rank's address, 0 past tp)
 
 
 class _Declined(tuple):
@@ -97,7 +100,11 @@ class HookCall:
     def rows(self) -> int:
         return self.x.shape[0]
 
-    def check(self) -> None:
+    @property
+    def ratio(self) -> int:
+        return self.w.attn.ratio
+
+    def check(self, hca_width: int) -> None:
         """The hook's tensors as the kernels read them; a ValueError names the first that is not."""
         m = self.rows
         if not 1 <= m <= MAX_TOKENS:
@@ -113,11 +120,41 @@ class HookCall:
         for name, tensor in (("positions", self.positions), ("slot_mapping", self.slot_mapping)):
             if tensor.dtype != torch.int64 or tensor.dim() != 1 or tensor.shape[0] < m or not tensor.is_contiguous():
                 raise ValueError(f"{name}: {tuple(tensor.shape)} {tensor.dtype}; expected contiguous int64 [>= {m}]")
-        cache = self.swa_cache
-        if cache.dtype != torch.uint8 or cache.dim() != 3 or cache.shape[2] != RECORD or \
-                cache.stride()[1:] != (RECORD, 1):
-            raise ValueError(f"swa_cache: {tuple(cache.shape)} {cache.dtype} strides {cache.stride()}; expected "
-                             f"uint8 [pages, block, {RECORD}] with rows {RECORD} bytes apart")
+        for name, cache in (("swa_cache", self.swa_cache), ("comp_cache", self.comp_cache)):
+            if cache.dtype != torch.uint8 or cache.dim() != 3 or cache.shape[2] != RECORD or \
+                    cache.stride()[1:] != (RECORD, 1):
+                raise ValueError(f"{name}: {tuple(cache.shape)} {cache.dtype} strides {cache.stride()}; expected "
+                                 f"uint8 [pages, block, {RECORD}] with rows {RECORD} bytes apart")
+        self._check_tables(m, hca_width)
+
+    def _check_tables(self, m: int, hca_width: int) -> None:
+        """The step's int32 tables: rows of `width` values `stride` apart, at least `rows` of them."""
+        hca = self.ratio == model.HCA_RATIO
+        if self.global_keys != hca:
+            raise ValueError(f"global_keys={self.global_keys} on a layer of compress ratio {self.ratio}: "
+                             "expected global slots exactly on HCA (ratio 128) layers")
+        tables = [("swa_indices", self.swa_indices, m, model.SWA_WINDOW, model.SWA_WINDOW),
+                  ("swa_lens", self.swa_lens, m, 1, 1), ("token_to_req", self.token_to_req, m, 1, 1)]
+        if hca:
+            topk = self.topk_indices
+            if topk.dtype != torch.int32 or topk.dim() != 2 or topk.shape[0] > m or topk.shape[1] > hca_width or \
+                    topk.stride(1) != 1:
+                raise ValueError(f"topk_indices: {tuple(topk.shape)} {topk.dtype} strides {topk.stride()}; expected "
+                                 f"int32 HCA slots [<= {m}, <= {hca_width}] with unit column stride")
+        else:
+            bt = self.comp_block_table
+            if bt is None or bt.dim() != 2:
+                raise ValueError("comp_block_table: a CSA layer needs its [requests, pages] int32 block table")
+            tables += [("topk_indices", self.topk_indices, m, model.CSA_INDEX_TOPK, model.CSA_INDEX_TOPK),
+                       ("comp_block_table", bt, 1, bt.shape[1], bt.stride(0))]
+        if self.route_ids is not None:
+            tables.append(("route_ids", self.route_ids, m, TOPK, TOPK))
+        for name, t, rows, width, stride in tables:
+            inner = t.reshape(t.shape[0], -1) if t.dim() > 1 else t[:, None]
+            if t.dtype != torch.int32 or t.shape[0] < rows or inner.shape[1] != width or \
+                    (t.dim() > 1 and (t.stride(0) != stride or t.stride(-1) != 1)):
+                raise ValueError(f"{name}: {tuple(t.shape)} {t.dtype} strides {t.stride()}; expected int32 rows of "
+                                 f"{width}, {stride} apart, at least {rows} of them")
 
 
 class MonoRunner:
@@ -133,16 +170,16 @@ class MonoRunner:
         self.settings = settings or Settings()
         self.buckets = tuple(sorted(set(buckets)))
         self.templates = tuple(templates)
+        self.hca_width = max_topk or model.CSA_INDEX_TOPK
         self.kernels: dict[GridEntry, Kernel] = {}
-        self.buffers: dict[GridEntry, dict[str, torch.Tensor]] = {}
+        self.buffers: dict[GridEntry, dict[str, Any]] = {}
         self._launches: dict[tuple[str, int, int], GridEntry] = {}
+        self._layer_tables: dict[int, tuple[MonoLayerWeights, torch.Tensor]] = {}
+        self.peer_memory: Any = None
         why = ""
         try:
-            for name in self.templates:
-                if not get(name).serves:
-                    raise NotServable(f"template {name!r}: {get(name).not_serving}")
             self.backend = backend or make_backend(self.settings.backend)
-            grid = layer_grid(tp, max_topk or model.CSA_INDEX_TOPK, self.templates, self.buckets)
+            grid = layer_grid(tp, self.hca_width, self.templates, self.buckets)
             # HIP loads a module for the calling thread's current device: make it the runner's
             with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
                 self.kernels = load_grid(grid, self.backend, self.settings)
@@ -153,6 +190,8 @@ class MonoRunner:
         except Exception as exc:  # whatever failed, every rank must still reach the agreement
             why = f"{type(exc).__name__}: {exc}"
         self.declined = agree(group, not why, why)
+        if self.declined is None:  # every rank is here: the exchanges are collective
+            self.declined = self._exchange_peers(group)
         if self.declined is None:
             log.info("mono-jit runner ready on rank %d: %d kernels (%s backend)", rank, len(self.kernels),
                      self.backend.name)
@@ -162,22 +201,69 @@ class MonoRunner:
 
     # -- state -------------------------------------------------------------------------
     def _allocate(self) -> None:
-        """Each build's work buffers (zeroed), K1's outputs at the widest bucket, and the empties
-        that stand for layer 0's unread inputs."""
+        """Each build's buffers (zeroed; scratch shared by a template's builds, peer buffers
+        later), K1's outputs, K2's two output sets and their state tables, at the widest bucket."""
+        scratch: dict[tuple[str, str], torch.Tensor] = {}
         for build in self.kernels:
+            declared = [b for b in get(build.template).work_buffers(build.spec) if not b.peers]
+            for b in declared:
+                if not b.zeroed_once:
+                    key = (build.template, b.name)
+                    if key not in scratch or scratch[key].numel() < b.elements:
+                        scratch[key] = self._zeros(b.elements, getattr(torch, b.dtype))
             self.buffers[build] = {
-                b.name: torch.zeros(b.elements, dtype=getattr(torch, b.dtype), device=self.device)
-                for b in get(build.template).work_buffers(build.spec)}
+                b.name: scratch[(build.template, b.name)][:b.elements] if not b.zeroed_once
+                else self._zeros(b.elements, getattr(torch, b.dtype)) for b in declared}
         rows, heads = max(self.buckets), model.HEADS // self.tp
-        bf16, f32 = torch.bfloat16, torch.float32
-
-        def empty(*shape: int, dtype: torch.dtype = f32) -> torch.Tensor:
-            return torch.empty(*shape, dtype=dtype, device=self.device)
-
+        bf16, f32, i32 = torch.bfloat16, torch.float32, torch.int32
+        empty = self._empty
         self.front_out = {"r_out": empty(rows, STREAMS, H, dtype=bf16), "post_out": empty(rows, STREAMS),
                           "comb_out": empty(rows, STREAMS, STREAMS), "x_norm": empty(rows, H, dtype=bf16),
                           "qr_out": empty(rows, Q_LORA, dtype=bf16), "q_out": empty(rows, heads, HEAD_DIM, dtype=bf16)}
-        self.unread = {"bfloat16": empty(0, dtype=bf16), "float32": empty(0)}
+        self.unread = {"bfloat16": empty(0, dtype=bf16), "float32": empty(0), "int32": empty(0, dtype=i32)}
+        if not any(b.template == "k2" for b in self.kernels):
+            return
+        self.output_sets = [{"out": empty(rows, H, dtype=bf16), "res_out": empty(rows, STREAMS, H, dtype=bf16),
+                             "post_out": empty(rows, STREAMS, 1), "comb_out": empty(rows, STREAMS, STREAMS),
+                             "pre_out": empty(rows, STREAMS)} for _ in range(2)]
+        self.ffn_norm_out = empty(rows, H, dtype=bf16)
+        self.hca_topk = torch.full((rows * self.hca_width,), -1, dtype=i32, device=self.device)
+        self.state_tables = [self._table(state_table(self.front_out, outputs, self.ffn_norm_out))
+                             for outputs in self.output_sets]
+
+    def _empty(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.empty(*shape, dtype=dtype, device=self.device)
+
+    def _zeros(self, elements: int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.zeros(elements, dtype=dtype, device=self.device)
+
+    def _table(self, addresses: list[int]) -> torch.Tensor:
+        return torch.tensor(addresses, dtype=torch.int64).to(self.device)
+
+    def _exchange_peers(self, group: Any) -> str | None:
+        """Each build's peer buffers, allocated and exchanged over `group` in grid order (the
+        same on every rank), with the table of every rank's address; the reason on every rank
+        if one failed. Host shared memory stands for HIP's IPC when the runner is on the CPU."""
+        for build in self.kernels:
+            for b in get(build.template).work_buffers(build.spec):
+                if not b.peers:
+                    continue
+                dtype = getattr(torch, b.dtype)
+                if self.peer_memory is None:  # kept: the mappings live as long as the runner
+                    self.peer_memory = HostSharedMemory() if self.device.type == "cpu" else self.backend.hip
+                memory = self.peer_memory
+                try:
+                    peers, failed = exchange(memory, b.elements * dtype.itemsize, group, self.rank, self.tp)
+                except Exception as exc:  # a group that cannot hold the exchange fails it on every rank
+                    return f"rank {self.rank}: peer memory: {type(exc).__name__}: {exc}"
+                if peers is None:
+                    return failed
+                local = peers.local.pointer
+                self.buffers[build][b.name] = (host_tensor(local, dtype, (b.elements,)) if self.device.type == "cpu"
+                                               else DeviceBuffer(local, b.elements, b.dtype))
+                addresses = peers.addresses + [0] * (PEER_TABLE - len(peers.addresses))
+                self.buffers[build][b.peers] = self._table(addresses)
+        return None
 
     def _index(self) -> dict[tuple[str, int, int], GridEntry]:
         """(template, rows, ratio) -> the grid entry a step of that many rows launches, for every
@@ -197,19 +283,32 @@ class MonoRunner:
         except KeyError:
             raise KeyError(f"{template} for {rows} rows, ratio {ratio}: not in this runner's grid") from None
 
+    def weights_table(self, w: MonoLayerWeights) -> torch.Tensor:
+        """The layer's K2 weights table, made at its first call (eager) and kept with its weights."""
+        kept = self._layer_tables.get(id(w))
+        if kept is not None and kept[0] is w:
+            return kept[1]
+        if capturing():
+            raise CaptureError(f"layer {w.attn.layer_id} first reached mono-jit's runner inside a graph capture: "
+                               "its weights table is made at an eager step")
+        table = self._table(weight_table(w))
+        self._layer_tables[id(w)] = (w, table)
+        return table
+
     # -- the layer -------------------------------------------------------------------------
     def forward(self, w: MonoLayerWeights, x: torch.Tensor, residual: torch.Tensor, post_mix: torch.Tensor,
                 res_mix: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor, swa_cache: torch.Tensor,
                 swa_indices: torch.Tensor, swa_lens: torch.Tensor, token_to_req: torch.Tensor, *,
                 topk_indices: torch.Tensor, comp_cache: torch.Tensor, select: Callable, comp_block_table=None,
                 outs=None, fold: bool = True, route_ids=None, topk: int = 0, global_keys: bool = False) -> tuple:
-        """The layer's (out, res_out, post_out, comb_out, pre_out), or DECLINED."""
+        """The layer's (out, res_out, post_out, comb_out, pre_out), or DECLINED. `outs` is not
+        read: the outputs are the runner's own (the hook never passes it)."""
         if self.declined is not None:
             return DECLINED
         call = HookCall(w, x, residual, post_mix, res_mix, positions, slot_mapping, swa_cache, swa_indices,
                         swa_lens, token_to_req, topk_indices, comp_cache, select, comp_block_table, fold,
                         route_ids, topk, global_keys)
-        call.check()
+        call.check(self.hca_width)
         self.front(call)
         return self.back(call)
 
@@ -223,9 +322,23 @@ class MonoRunner:
         return outputs
 
     def back(self, call: HookCall) -> tuple:
-        """K2 and the layer's outputs. K2 is not built yet, so no ready runner has it in its grid:
-        the layer goes on in vLLM's path (a runner with K2 in its grid is not ready today)."""
-        return DECLINED
+        """K2 into the output set that does not hold the layer's inputs; the five outputs [M, ...].
+        A runner without K2 declines here (vLLM's path computes the layer)."""
+        if not hasattr(self, "output_sets"):
+            return DECLINED
+        m = call.rows
+        build = self._entry("k2", m, call.ratio)
+        index = self._free_set(call)
+        self.backend.launch(self.kernels[build], self.k2_arguments(call, build, index), self._stream())
+        o = self.output_sets[index]
+        return o["out"][:m], o["res_out"][:m], o["post_out"][:m], o["comb_out"][:m], o["pre_out"][:m]
+
+    def _free_set(self, call: HookCall) -> int:
+        held = {t.untyped_storage().data_ptr() for t in (call.x, call.residual, call.post_mix, call.res_mix)}
+        for index, outputs in enumerate(self.output_sets):
+            if not any(t.untyped_storage().data_ptr() in held for t in outputs.values()):
+                return index
+        raise RuntimeError("the layer's inputs hold both of the runner's output sets")
 
     def _stream(self) -> int:
         return torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
@@ -253,6 +366,46 @@ class MonoRunner:
             "m": m, "do_fold": int(fold), "qkv_stride": H, "qkv_shuffled": 1,
             "qb_stride": attn.wq_b.stride(0), "qb_shuffled": 0, "page_stride": page_stride, "block_size": block,
         }
+
+    def k2_arguments(self, call: HookCall, build: GridEntry, outputs: int) -> dict[str, Any]:
+        """K2's arguments (its package docstring) from the hook's tensors, the layer's table and
+        output set `outputs`. An HCA row's slots are copied into the runner's table at the build's
+        width, -1 past vLLM's active width (its persistent buffer holds older steps' slots there)."""
+        m, width = call.rows, build.spec.topk_width
+        csa = call.ratio == model.CSA_RATIO
+        unread = self.unread["int32"]
+        if csa:
+            topk = flat_rows(call.topk_indices, m)
+            block_table = call.comp_block_table
+            table, bt_stride = flat_rows(block_table, block_table.shape[0]), block_table.stride(0)
+            token_req, per_page = call.token_to_req[:m], call.comp_cache.shape[1]
+        else:
+            slots = self.hca_topk[: m * width].view(m, width)
+            slots.fill_(-1)
+            n, active = call.topk_indices.shape
+            slots[:n, :active].copy_(call.topk_indices)
+            topk, table, bt_stride, token_req, per_page = slots.view(-1), unread, 1, unread, call.comp_cache.shape[1]
+        hashed = call.route_ids is not None
+        return {
+            "positions": call.positions[:m], "slot_mapping": call.slot_mapping[:m],
+            "swa_indices": flat_rows(call.swa_indices, m), "swa_lens": call.swa_lens[:m],
+            "topk": topk, "token_req": token_req, "block_table": table,
+            "swa_cache": pages(call.swa_cache), "comp_cache": pages(call.comp_cache),
+            "weights": self.weights_table(call.w), "state": self.state_tables[outputs],
+            **self.buffers[build],
+            "route_ids": call.route_ids[:m].reshape(-1) if hashed else unread,
+            "m": m, "rank": self.rank,
+            "swa_page_stride": call.swa_cache.stride(0), "swa_block": call.swa_cache.shape[1],
+            "comp_page_stride": call.comp_cache.stride(0), "comp_block": call.comp_cache.shape[1],
+            "bt_stride": bt_stride, "per_page": per_page, "use_hash": int(hashed),
+        }
+
+
+def flat_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """The first `rows` rows of a row-major table (vLLM's persistent buffers, taller than the step;
+    rows t.stride(0) elements apart) as one flat view, from the first row's start to the last
+    row's end."""
+    return torch.as_strided(t, ((rows - 1) * t.stride(0) + t.shape[-1],), (1,))
 
 
 def padded_rows(weight: torch.Tensor) -> torch.Tensor:

@@ -75,6 +75,16 @@ def _check(owner: str, name: str, tensor: Any, shape: tuple[int, ...], dtype: to
                           f"expected {shape} {dtype}, {layout}")
 
 
+NAN_CODE = 255  # E8M0's one non-power-of-two code
+
+
+def finite_codes(owner: str, name: str, codes: torch.Tensor) -> None:
+    """E8M0 codes are powers of two by construction except 255, NaN: a weight scaled by it is a
+    broken checkpoint or a mislaid tensor (vLLM's _scale_bytes checks its fp32 scales likewise)."""
+    if bool((codes == NAN_CODE).any()):
+        raise WeightError(f"{owner} {name}: E8M0 code 255 (NaN) among its scales")
+
+
 def checkpoint_codes(owner: str, name: str, codes: torch.Tensor) -> torch.Tensor:
     """The 128 x 128 block codes behind vLLM's 32 x 32 expansion (every 4 x 4 group equal)."""
     r = CHECKPOINT_BLOCK // MX
@@ -106,6 +116,7 @@ class AttnWeights:
     cos_sin: torch.Tensor  # [positions, 64] f32: cos | sin
     ratio: int
     _k1_scales: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+    _k2_scales: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
 
     def check(self, dims: Any) -> None:
         w, h = Widths(dims.tp), model.HIDDEN
@@ -133,7 +144,10 @@ class AttnWeights:
                               "contiguous float32 [positions, 64]")
         if self.ratio not in (model.CSA_RATIO, model.HCA_RATIO):
             raise WeightError(f"{owner}: compress ratio {self.ratio}, expected 4 or 128")
+        for name in ("wqkv_scale", "wq_b_scale", "wo_a_scale", "wo_b_scale"):
+            finite_codes(owner, name, getattr(self, name))
         self.k1_scales()
+        self.k2_scales()
 
     def k1_scales(self) -> tuple[torch.Tensor, torch.Tensor]:
         """K1's 128 x 128 block codes of wqkv and wq_b, made once per layer (at its first, eager,
@@ -143,6 +157,14 @@ class AttnWeights:
             self._k1_scales = (checkpoint_codes(owner, "wqkv_scale", self.wqkv_scale),
                                checkpoint_codes(owner, "wq_b_scale", self.wq_b_scale))
         return self._k1_scales
+
+    def k2_scales(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """K2's 128 x 128 block codes of wo_a and wo_b, made once per layer and kept."""
+        if self._k2_scales is None:
+            owner = f"layer {self.layer_id} attention"
+            self._k2_scales = (checkpoint_codes(owner, "wo_a_scale", self.wo_a_scale),
+                               checkpoint_codes(owner, "wo_b_scale", self.wo_b_scale))
+        return self._k2_scales
 
 
 @dataclass
@@ -168,6 +190,7 @@ class MonoLayerWeights:
     sgu_s: torch.Tensor
     sw2: torch.Tensor  # [7168, shared inter] e4m3
     sw2_s: torch.Tensor
+    _shared_scales: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
 
     def check(self, dims: Any) -> None:
         w, h, e = Widths(dims.tp), model.HIDDEN, model.ROUTED_EXPERTS
@@ -184,5 +207,17 @@ class MonoLayerWeights:
                       (f"hc_{seam}_base", (MIXES,), f32), (f"{seam}_norm", (h,), bf16)]
         if self.bias is not None:
             table.append(("bias", (e,), f32))
+        owner = f"layer {self.attn.layer_id}"
         for name, shape, dtype in table:
-            _check(f"layer {self.attn.layer_id}", name, getattr(self, name), shape, dtype)
+            _check(owner, name, getattr(self, name), shape, dtype)
+        for name in ("w13_s", "w2_s", "sgu_s", "sw2_s"):
+            finite_codes(owner, name, getattr(self, name))
+        self.shared_scales()
+
+    def shared_scales(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """K2's 128 x 128 block codes of the shared expert's gate_up and down, made once and kept."""
+        if self._shared_scales is None:
+            owner = f"layer {self.attn.layer_id}"
+            self._shared_scales = (checkpoint_codes(owner, "sgu_s", self.sgu_s),
+                                   checkpoint_codes(owner, "sw2_s", self.sw2_s))
+        return self._shared_scales

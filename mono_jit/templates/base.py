@@ -70,12 +70,17 @@ class WorkBuffer:
     """A device buffer the runner owns for a template's launches of one build (one per rank).
 
     `zeroed_once`: zeroed when allocated and never written by the host again (sync areas whose
-    epochs the kernel advances); otherwise scratch whose contents no launch relies on."""
+    epochs the kernel advances); otherwise scratch whose contents no launch relies on, which
+    the runner shares between the template's builds (one allocation, the largest).
+    `peers`: a buffer every TP rank stores into (the in-kernel all-reduces): allocated as peer
+    memory (uncached, zeroed once, IPC-shared), with every rank's address of it passed as the
+    int64 argument named here, indexed by TP rank."""
 
     name: str  # the argument it is passed as
     dtype: str  # torch dtype name
     elements: int
     zeroed_once: bool = False
+    peers: str = ""
 
 
 @dataclass(frozen=True)
@@ -102,10 +107,9 @@ class Template(ABC):
     # Module with build(spec) -> Build; a leading '.' is relative to the class's package, as in
     # a relative import written in the module that defines the class.
     kernel_module: ClassVar[str]
-    # Whether the runner may serve a layer with it; a template that builds and tests but cannot
-    # finish a layer yet says why in `not_serving`, and a runner whose grid needs it declines.
-    serves: ClassVar[bool] = True
-    not_serving: ClassVar[str] = ""
+    # Module with run(arguments, spec): the kernel contract in torch, what the runtime's
+    # reference backend launches (relative to the class's package, as kernel_module).
+    reference_module: ClassVar[str] = ".reference"
 
     @classmethod
     def package(cls) -> str:
@@ -131,6 +135,11 @@ class Template(ABC):
     def kernel_module_name(cls) -> str:
         """kernel_module as an absolute module name."""
         return importlib.util.resolve_name(cls.kernel_module, cls.package())
+
+    @classmethod
+    def reference_module_name(cls) -> str:
+        """reference_module as an absolute module name."""
+        return importlib.util.resolve_name(cls.reference_module, cls.package())
 
     def source_digest(self, package_dir: Path | None = None) -> str:
         """sha256 over (path, bytes) of every source file, under `package_dir` (default: the

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 import torch
 
 from ... import model
+from ...spec import Spec
 from .layout import (EPS, HEAD_DIM, KV_DATA, KV_LORA, KV_RECORD, KV_SCALE_BLOCK, MX_BLOCK, NOPE, Q_LORA, ROPE,
                      SEAM_CHUNK, STREAMS, WEIGHT_BLOCK)
 
@@ -350,11 +351,12 @@ def k1(x: torch.Tensor, residual: torch.Tensor, post_mix: torch.Tensor, res_mix:
                      qr_codes=front.qr_codes, qr_scales=front.qr_scales, q_raw=q_raw)
 
 
-def run(a: Mapping[str, Any]) -> None:
+def run(a: Mapping[str, Any], spec: Spec | None = None) -> None:
     """K1's kernel contract (the package docstring) through the reference: read the named flat
     arguments as the kernel would, write its outputs, the KV records and the epoch in place. The
     runtime's reference backend launches K1 with this; layer 0's x, post_mix and res_mix are
-    never read (they may come in empty)."""
+    never read (they may come in empty). K1's shapes follow from its arguments: `spec` is not
+    read."""
     m, hidden = a["m"], model.HIDDEN
     q_rows = a["s_qb"].numel() // (Q_LORA // WEIGHT_BLOCK) * WEIGHT_BLOCK  # heads x 512
     shuffled_qkv, shuffled_qb = bool(a["qkv_shuffled"]), bool(a["qb_shuffled"])

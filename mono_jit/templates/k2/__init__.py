@@ -69,8 +69,10 @@ Specialised by (TP, ratio, top-k width, max tokens): the key-table width and the
 chunking follow the ratio and width. Layer kind is not a build: every K2 folds (the attention
 output into K1's R), and hash routing is the run-time `use_hash`.
 
-The runner does not launch K2 yet (issue 15: its K2 step, the layer tables and the peer
-exchange): `serves` is False, so a runner whose grid needs it declines before it runs anything.
+Host side: the runner (runtime/runner.py) fills the weights table once a layer
+(runtime/tables.py), the state table once per output set, exchanges the peer buffers at its
+construction, and launches K2 after vLLM's select. The reference backend runs `contract.run`,
+the same contract in torch, with the all-reduces through the same peer buffers.
 """
 
 from __future__ import annotations
@@ -100,8 +102,7 @@ class K2Template(Template):
     kernel_module = ".kernel"
     persistent = True
     budget = Budget(scratch_bytes=0, spills=0)
-    serves = False
-    not_serving = "the runner's K2 step (layer tables, peer exchange, issue 15) is not wired yet"
+    reference_module = ".contract"
 
     def launch_shape(self, spec: Spec) -> LaunchShape:
         return LaunchShape(grid=(CTAS, 1, 1), block=(THREADS, 1, 1), dynamic_lds=PIN_LDS_BYTES)
@@ -140,4 +141,5 @@ class K2Template(Template):
     def work_buffers(self, spec: Spec) -> tuple[WorkBuffer, ...]:
         lay = K2MoeLayout.of(spec)
         return (WorkBuffer("sync", "int32", lay.sync_words, zeroed_once=True),
-                WorkBuffer("work", "float32", lay.work_words))
+                WorkBuffer("work", "float32", lay.work_words),
+                WorkBuffer("mailbox", "int64", lay.peer_bytes // PAIR_BYTES, zeroed_once=True, peers="peers"))
