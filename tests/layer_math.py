@@ -6,16 +6,23 @@ from mono_jit's references: nothing here imports mono_jit.templates.*.reference 
 (mono_jit.model's constants only). Public pieces:
 
 - encodings: `e2m1`, `dequant_mxfp4`, `dequant_fp8_blocks` (= `dequant`), `mx8` (MXFP8 round trip),
-  `decode_record` / `encode_records` / `insert_records` / `read_record` (fp8_ds_mla, 584 bytes);
+  `decode_record` / `encode_records` / `insert_records` / `read_record` (fp8_ds_mla, 584 bytes),
+  `block_gemv` (MX activations x 128 x 128 block-scaled e4m3, f64), `all_reduce` (rank order);
 - AITER's layouts: `aiter_shuffle_weight_a16w4`, `aiter_shuffle_scale_a16w4`, `aiter_shuffle_scale`,
   `aiter_shuffle_weight_16x16`; vLLM's `mx32` scale expansion and `padded` FP8 rows;
 - the mHC seams: `mhc_pre`, `mhc_post` (kernels/mhc/torch.py restated; test_layer_math checks them
   bit for bit against vLLM's own when vLLM imports), `rms_norm`, `mhc_seam`;
-- attention: `rope_gptj`, `q_heads`, `kv_rope`, `dense_attention`, `inverse_rope_vllm`, `projections`;
+- attention: `rope_gptj`, `q_heads`, `kv_rope`, `step_keys`, `dense_attention`, `inverse_rope_vllm`,
+  `projections` (vLLM's bf16 wo_a path at full width);
 - MoE: `clamped_swiglu`, `vllm_route`, `Global`, `global_weights`, `rank_slices`, `vllm_layout`,
-  `vllm_shared`, `vllm_routed`, `moe_partials`, `vllm_moe`;
+  `vllm_shared`, `vllm_routed` (one rank, plainly), `moe_partials` (every rank, at full width),
+  `vllm_moe`, `expert_weights` (an LRU of dequantised experts);
 - one layer: `CheckpointLayer`, `random_checkpoint_layer`, `route_table`, `rank_tensors`,
   `ATTN_FIELDS`, `LayerStep`, `random_step`, `LayerExpected`, `decode_layer`.
+
+Cost: decode_layer of 4 rows ~5 s on 2 cores the first time a layer's experts are met (8 experts
+dequantised, ~3 s), ~2 s after; peak ~1.4 GB beyond the 0.65 GB checkpoint (1.1 GB of it the
+expert cache).
 
 Rounding points of `decode_layer` (bf16 = a value stored as bf16; MX = MXFP8 per 32, e4m3 RNE with
 one E8M0 per 32 values, code ceil(log2(amax / 448)) + 127, as mono's kernels and vLLM's MXFP8 wo_a
@@ -226,7 +233,7 @@ def aiter_shuffle_weight_16x16(w: torch.Tensor) -> torch.Tensor:
 
 
 def mx32(codes: torch.Tensor) -> torch.Tensor:
-    """vLLM's `_mx_scales` (amd/mono_decode.py:115): each 128 x 128 E8M0 code repeated over its
+    """vLLM's `_mx_scales` (amd/mono_decode.py:108): each 128 x 128 E8M0 code repeated over its
     4 x 4 blocks of 32 x 32."""
     return codes.repeat_interleave(4, 0).repeat_interleave(4, 1).contiguous()
 
@@ -279,7 +286,7 @@ def mhc_pre(residual: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float = EPS) -> torch.Tensor:
     """bf16(x rsqrt(mean(x^2) + eps) w) in f32, one rounding: vLLM's fused norms (models/common/ops/
-    fused_qk_rmsnorm.py:70 'RMSNorm in fp32 throughout ... a single cast at store'; the mHC kernels'
+    fused_qk_rmsnorm.py:71 'RMSNorm in fp32 throughout ... a single cast at store'; the mHC kernels'
     fused norm, kernels/mhc/tilelang_kernels.py:457-520, on the bf16 collapse)."""
     xf = x.float()
     y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
@@ -730,7 +737,7 @@ def rank_tensors(ckpt: CheckpointLayer, rank: int, tp: int = TP) -> dict[str, to
     keyword fields of mono_jit's AttnWeights (ATTN_FIELDS) and MonoLayerWeights (all but `attn`), as
     MonoDecodeLayer.weights (amd/mono_decode.py:255-306) builds them:
 
-    - wqkv e4m3 [2048, H] (16, 16)-preshuffled (replicated: disable_tp, attention.py:251; rocm.py:1068
+    - wqkv e4m3 [2048, H] (16, 16)-preshuffled (replicated: disable_tp, attention.py:252-258; rocm.py:1068
       prepare_attn_preshuffle), wqkv_scale mx32 [64, 224];
     - wq_b e4m3 [heads 512, 1536] the rank's heads (ColumnParallel), padded rows (1536 + 256 bytes
       apart), wq_b_scale mx32 [heads 16, 48];
