@@ -1,6 +1,6 @@
 """K2 part two's reference (mono_jit/templates/k2/moe_reference.py) against an independent torch
-formulation of vLLM's MoE math, written here from vLLM's and AITER's sources, not from the code
-under test: the sqrt-softplus router as vLLM's dsv4_topk kernel computes it (iterative argmax,
+formulation of vLLM's MoE math (tests/layer_math.py), written from vLLM's and AITER's sources, not
+from the code under test: the sqrt-softplus router as vLLM's dsv4_topk kernel computes it (iterative argmax,
 ties to the lower index), the shared expert as DeepseekV4MLP (block-scaled FP8, clamped SwiGLU),
 the routed experts as a per-token, per-pick fused_moe loop over dequantised MXFP4 weights (A8W4:
 MXFP8 activations), the MoE partial as shared + routed and the all-reduce in rank order. Weights
@@ -13,12 +13,14 @@ router tests) with few rows and 8 routed experts in the MoE tests, so the file r
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
+import layer_math
 import pytest
 import torch
 from k2_inputs import TP, full_weights, shard, world
+from layer_math import (Global, aiter_shuffle_scale, aiter_shuffle_scale_a16w4, aiter_shuffle_weight_a16w4, e2m1,
+                        global_weights, mx8, rank_slices, vllm_moe, vllm_route, vllm_routed, vllm_shared)
 
 from mono_jit.templates.k2 import moe_reference as moe
 from mono_jit.templates.router import reference as router_ref
@@ -29,213 +31,12 @@ LOCAL = INTER // TP  # 384 a rank
 EXPERTS = 8  # routed experts of the MoE tests (the router tests use 384)
 TOP_K = 6
 SCALE = 2.5
-LIMIT = 10.0
 ROWS = 3
 
 
-# -- AITER's layouts (aiter/ops/shuffle.py), re-implemented from their documented permutations --
-
-def aiter_shuffle_weight_a16w4(w: torch.Tensor, gate_up: bool) -> torch.Tensor:
-    """shuffle_weight_a16w4(w, NLane=16, gate_up) = shuffle_weight(layout=(16, 16),
-    is_guinterleave=True): KLane = 64 / 16 = 4, KPack = 16 bytes; gate_up views the rows as
-    (2, N0, 16) and moves the 2 inside N0."""
-    e, n, k = w.shape
-    k0 = k // 64
-    if gate_up:
-        x = w.view(e, 2, n // 2 // 16, 16, k0, 4, 16).permute(0, 2, 1, 4, 5, 3, 6)
-    else:
-        x = w.view(e, n // 16, 16, k0, 4, 16).permute(0, 1, 3, 4, 2, 5)
-    return x.contiguous().view(e, n, k)
-
-
-def aiter_shuffle_scale_a16w4(s: torch.Tensor, experts: int, gate_up: bool) -> torch.Tensor:
-    """shuffle_scale(s, experts, is_guinterleave=True, gate_up): K_Pack 2, N_Pack 2, N_Lane 16,
-    K_Lane 4; gate_up views (E, N_Pack, N1, N_Lane, K1, K_Pack, K_Lane) -> (0, 2, 4, 6, 3, 5, 1),
-    down views (E, N1, N_Pack, N_Lane, K1, K_Pack, K_Lane) -> (0, 1, 4, 6, 3, 5, 2)."""
-    rows, k = s.shape
-    n1, k1 = rows // experts // 32, k // 8
-    if gate_up:
-        x = s.view(experts, 2, n1, 16, k1, 2, 4).permute(0, 2, 4, 6, 3, 5, 1)
-    else:
-        x = s.view(experts, n1, 2, 16, k1, 2, 4).permute(0, 1, 4, 6, 3, 5, 2)
-    return x.contiguous().view(rows, k)
-
-
-def aiter_shuffle_scale(s: torch.Tensor) -> torch.Tensor:
-    """shuffle_scale(s) (not interleaved): pad to (256 x, 8 x) with garbage (torch.empty), view
-    (sm / 32, 2, 16, sn / 8, 2, 4), permute (0, 3, 5, 2, 4, 1)."""
-    m, n = s.shape
-    padded = torch.full(((m + 255) // 256 * 256, (n + 7) // 8 * 8), 0xA5, dtype=torch.uint8)
-    padded[:m, :n] = s
-    sm, sn = padded.shape
-    return padded.view(sm // 32, 2, 16, sn // 8, 2, 4).permute(0, 3, 5, 2, 4, 1).contiguous().view(sm, sn)
-
-
-def aiter_shuffle_weight_16x16(w: torch.Tensor) -> torch.Tensor:
-    """shuffle_weight(w, layout=(16, 16)) of e4m3 bytes: view (N / 16, 16, K / 32, 2, 16),
-    permute (0, 2, 3, 1, 4) (the 16-byte K unit of a one-byte type)."""
-    n, k = w.shape
-    return w.view(n // 16, 16, k // 32, 2, 16).permute(0, 2, 3, 1, 4).contiguous().view(n, k)
-
-
-# -- vLLM's math, independently ------------------------------------------------------------------
-
-def e2m1(code: torch.Tensor) -> torch.Tensor:
-    """OCP e2m1: sign bit 3, exponent bits 2-1 (bias 1), mantissa bit 0; exponent 0 subnormal."""
-    sign = torch.where((code >> 3) & 1 == 1, -1.0, 1.0)
-    exponent, mantissa = ((code >> 1) & 3).float(), (code & 1).float()
-    magnitude = torch.where(exponent == 0, 0.5 * mantissa, (1 + 0.5 * mantissa) * torch.exp2(exponent - 1))
-    return sign * magnitude
-
-
-def dequant_mxfp4(packed: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
-    """[N, K] f32 of fp4x2 [N, K / 2] (low nibble first) and E8M0 [N, K / 32]."""
-    lut = e2m1(torch.arange(16))[:, None]
-    values = torch.empty(*packed.shape[:-1], packed.shape[-1] * 2)
-    for nibble, shift in ((0, 0), (1, 4)):
-        values[..., nibble::2] = torch.nn.functional.embedding(((packed >> shift) & 15).long(), lut)[..., 0]
-    return (values.view(*codes.shape, 32) * torch.exp2(codes.float() - 127)[..., None]).view_as(values)
-
-
-def dequant_fp8_blocks(w: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
-    """e4m3 bytes [N, K] with 128 x 128 E8M0 block codes -> f32."""
-    scale = torch.exp2(codes.float() - 127).repeat_interleave(128, 0).repeat_interleave(128, 1)
-    return w.view(torch.float8_e4m3fn).float() * scale
-
-
-def mx8(x: torch.Tensor) -> torch.Tensor:
-    """x through MXFP8 per 32 and back: scale 2^ceil(log2(amax / 448)), e4m3 RNE, clamped."""
-    blocks = x.float().view(x.shape[0], -1, 32)
-    amax = blocks.abs().amax(-1, keepdim=True)
-    scale = torch.exp2(torch.ceil(torch.log2(amax / 448)).clamp(-127, 127))
-    q = (blocks / scale).clamp(-448, 448).to(torch.float8_e4m3fn).float()
-    return (q * scale).view_as(x)
-
-
-def clamped_swiglu(gu: torch.Tensor, limit: float = LIMIT) -> torch.Tensor:
-    """SiluAndMulWithClamp: silu(clamp(g, max=limit)) x clamp(u, -limit, limit)."""
-    d = gu.shape[-1] // 2
-    g, u = gu[..., :d].clamp(max=limit), gu[..., d:].clamp(-limit, limit)
-    return torch.nn.functional.silu(g) * u
-
-
-def vllm_route(x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor | None, hash_ids: torch.Tensor | None,
-               softplus_sqrt: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """dsv4_topk (fused_moe/router/dsv4_topk.py): softplus as where(l > 20, l, log(1 + e^l)),
-    sqrt; six times take the max of score + bias and the lowest expert holding it; weights the
-    unbiased scores renormalised x 2.5. Hash: tid2eid's experts, the same weights."""
-    logits = x.float() @ gate.float().T
-    softplus = torch.where(logits > 20, logits, torch.log(1 + torch.exp(logits)))
-    scores = softplus.sqrt() if softplus_sqrt else softplus
-    if hash_ids is None:
-        current = scores + bias
-        ids = torch.empty(x.shape[0], TOP_K, dtype=torch.long)
-        experts = torch.arange(gate.shape[0])
-        for slot in range(TOP_K):
-            best = current.amax(-1, keepdim=True)
-            ids[:, slot] = torch.where(current == best, experts, gate.shape[0]).amin(-1)
-            current = current.scatter(1, ids[:, slot:slot + 1], -math.inf)
-    else:
-        ids = hash_ids.long()
-    chosen = scores.gather(1, ids)
-    return ids.int(), chosen / chosen.sum(-1, keepdim=True) * SCALE
-
-
-@dataclasses.dataclass
-class Global:
-    """Unsharded checkpoint MoE weights (raw layouts: w13 gate rows then up rows)."""
-
-    gate: torch.Tensor  # [E, H] bf16
-    bias: torch.Tensor  # [E] f32
-    w13: torch.Tensor  # [E, 2 x 3072, H / 2] fp4x2
-    w13_s: torch.Tensor  # [E, 2 x 3072, H / 32]
-    w2: torch.Tensor  # [E, H, 3072 / 2]
-    w2_s: torch.Tensor  # [E, H, 3072 / 32]
-    sgu: torch.Tensor  # [2 x 3072, H] e4m3
-    sgu_s: torch.Tensor  # [48, 56]
-    sw2: torch.Tensor  # [H, 3072]
-    sw2_s: torch.Tensor  # [56, 24]
-
-
-def global_weights(seed: int = 3, experts: int = EXPERTS) -> Global:
-    """Random weights scaled so gate / up run past the clamp (|g| ~ 8) and outputs are O(1);
-    `experts` routed experts (the kernel's gfx950 tests take all 384)."""
-    g = torch.Generator().manual_seed(seed)
-
-    def u8(shape: tuple[int, ...], lo: int = 0, hi: int = 256) -> torch.Tensor:
-        return torch.randint(lo, hi, shape, generator=g, dtype=torch.uint8)
-
-    return Global(
-        gate=(torch.randn(experts, H, generator=g) * 0.03).to(torch.bfloat16),
-        bias=torch.randn(experts, generator=g) * 0.1,
-        w13=u8((experts, 2 * INTER, H // 2)), w13_s=u8((experts, 2 * INTER, H // 32), 121, 124),
-        w2=u8((experts, H, INTER // 2)), w2_s=u8((experts, H, INTER // 32), 116, 119),
-        sgu=u8((2 * INTER, H)) & 0xBF, sgu_s=u8((2 * INTER // 128, H // 128), 123, 126),
-        sw2=u8((H, INTER)) & 0xBF, sw2_s=u8((H // 128, INTER // 128), 120, 123))
-
-
-def rank_slices(w: Global, rank: int) -> dict[str, torch.Tensor]:
-    """Rank `rank`'s raw shares as FusedMoE / MergedColumnParallel / RowParallel shard them:
-    gate rows [384 r, 384 (r + 1)) and the same up rows; down's columns of that range."""
-    share = torch.arange(LOCAL * rank, LOCAL * (rank + 1))
-    rows = torch.cat([share, INTER + share])
-    k8, k32 = slice(LOCAL // 2 * rank, LOCAL // 2 * (rank + 1)), slice(LOCAL // 32 * rank, LOCAL // 32 * (rank + 1))
-    kb = slice(LOCAL // 128 * rank, LOCAL // 128 * (rank + 1))
-    return dict(w13=w.w13[:, rows], w13_s=w.w13_s[:, rows], w2=w.w2[:, :, k8], w2_s=w.w2_s[:, :, k32],
-                sgu=w.sgu[rows], sgu_s=w.sgu_s[torch.cat([rows[:LOCAL:128], rows[LOCAL::128]]) // 128],
-                sw2=w.sw2[:, LOCAL * rank: LOCAL * (rank + 1)], sw2_s=w.sw2_s[:, kb])
-
-
 def vllm_layout(w: Global, rank: int, hash_layer: bool = False) -> moe.MoeWeights:
-    """The rank's weights after vLLM's loading: experts through AITER's A8W4 shuffles (w2_s through
-    the plain shuffle_scale, padded to 8 columns), the shared gate_up (16, 16)-preshuffled."""
-    raw = rank_slices(w, rank)
-    w13_s = raw["w13_s"].reshape(-1, H // 32).contiguous()
-    return moe.MoeWeights(
-        gate=w.gate, bias=None if hash_layer else w.bias,
-        w13=aiter_shuffle_weight_a16w4(raw["w13"].contiguous(), True),
-        w13_s=aiter_shuffle_scale_a16w4(w13_s, w.w13.shape[0], True),
-        w2=aiter_shuffle_weight_a16w4(raw["w2"].contiguous(), False),
-        w2_s=aiter_shuffle_scale(raw["w2_s"].reshape(-1, LOCAL // 32)),
-        sgu=aiter_shuffle_weight_16x16(raw["sgu"].contiguous()), sgu_s=raw["sgu_s"].contiguous(),
-        sw2=raw["sw2"].contiguous(), sw2_s=raw["sw2_s"].contiguous())
-
-
-def vllm_shared(x: torch.Tensor, raw: dict[str, torch.Tensor], limit: float = LIMIT) -> torch.Tensor:
-    """DeepseekV4MLP on one rank: bf16 gate_up, bf16 act, bf16 down (MX per-32 inputs)."""
-    gate_up = (mx8(x) @ dequant_fp8_blocks(raw["sgu"], raw["sgu_s"]).T).to(torch.bfloat16)
-    h = clamped_swiglu(gate_up.float(), limit).to(torch.bfloat16)
-    return (mx8(h) @ dequant_fp8_blocks(raw["sw2"], raw["sw2_s"]).T).to(torch.bfloat16)
-
-
-def vllm_routed(x: torch.Tensor, raw: dict[str, torch.Tensor], ids: torch.Tensor, weights: torch.Tensor,
-                limit: float = LIMIT) -> torch.Tensor:
-    """fused_moe's reference semantics for A8W4 on one rank, a token and a pick at a time:
-    out[t] += w[t, k] x down_e(MXFP8(bf16(act(MXFP8(x_t) . gate_up_e)))), then bf16."""
-    xq = mx8(x)
-    out = torch.zeros(x.shape[0], H)
-    dequantised: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-    for t in range(x.shape[0]):
-        for k in range(TOP_K):
-            e = int(ids[t, k])
-            if e not in dequantised:
-                dequantised[e] = (dequant_mxfp4(raw["w13"][e], raw["w13_s"][e]),
-                                  dequant_mxfp4(raw["w2"][e], raw["w2_s"][e]))
-            w13, w2 = dequantised[e]
-            h = clamped_swiglu(xq[t:t + 1] @ w13.T, limit).to(torch.bfloat16)
-            out[t] += weights[t, k] * (mx8(h) @ w2.T)[0]
-    return out.to(torch.bfloat16)
-
-
-def vllm_moe(x: torch.Tensor, w: Global, hash_ids: torch.Tensor | None = None,
-             ranks: range = range(TP)) -> torch.Tensor:
-    """The MoE's all-reduced output: per rank bf16(shared + routed), summed in f32 in rank order."""
-    ids, weights = vllm_route(x, w.gate, None if hash_ids is not None else w.bias, hash_ids)
-    total = torch.zeros(x.shape[0], H)
-    for rank in ranks:
-        raw = rank_slices(w, rank)
-        total += (vllm_shared(x, raw).float() + vllm_routed(x, raw, ids, weights).float()).to(torch.bfloat16).float()
-    return total.to(torch.bfloat16)
+    """layer_math.vllm_layout (the rank's weights after vLLM's loading) as the reference's MoeWeights."""
+    return moe.MoeWeights(**layer_math.vllm_layout(w, rank, hash_layer))
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -9,83 +9,27 @@ import os
 
 import pytest
 import torch
-from k2_inputs import (D, EPS, GROUP_K, GROUPS, LOCAL, NOPE, O_LORA, PAD, POISON_SWA, POSITIONS, SWA_BLOCK, SWA_STRIDE,
-                       TP, FullWeights, H, World, full_weights, shard, world)
+from k2_inputs import (D, GROUP_K, LOCAL, NOPE, O_LORA, PAD, POISON_SWA, POSITIONS, SWA_BLOCK, SWA_STRIDE, TP,
+                       FullWeights, H, World, full_weights, shard, world)
+from layer_math import dense_attention, inverse_rope_vllm, mhc_seam, projections
 
 from mono_jit.templates.k1 import reference as k1
 from mono_jit.templates.k2 import reference as ref
 
-# -- the independent formulation (vLLM's math, full width, unsharded weights) ---------------
+# -- the independent formulation (vLLM's math, full width, unsharded weights: tests/layer_math.py) --
 
-def decode_record(record: torch.Tensor) -> torch.Tensor:
-    """fp8_ds_mla bytes -> 512 f32: e4m3 x 2^(code - 127) per 64 NoPE dims, bf16 RoPE dims
-    (vllm/v1/attention/ops/rocm_aiter_mla_sparse.py:1476 _decode_e8m0_scales)."""
-    scales = torch.exp2(record[576:583].float() - 127.0).repeat_interleave(64)
-    nope = record[:NOPE].view(torch.float8_e4m3fn).float() * scales
-    return torch.cat([nope, record[NOPE:576].view(torch.bfloat16).float()])
+def world_attention(wd: World, sink: torch.Tensor) -> torch.Tensor:
+    """layer_math.dense_attention over the world's keys (the records each row was built with)."""
+    keys = [torch.stack([wd.records[c][s] for c, s in row]) if row else None for row in wd.keys]
+    return dense_attention(wd.inputs.q, keys, sink)
 
 
-def dequant(w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """f32 of e4m3 bytes [N, K] with E8M0 codes [N / 128, K / 128] of 128 x 128 blocks."""
-    n, k = w.shape
-    blocks = w.view(torch.float8_e4m3fn).float().view(n // 128, 128, k // 128, 128)
-    return (blocks * torch.exp2(s.float() - 127)[:, None, :, None]).view(n, k)
+def world_projections(o: torch.Tensor, w: FullWeights) -> torch.Tensor:
+    return projections(o, w.wo_a, w.s_woa, w.wo_b, w.s_wob)
 
 
-def dense_attention(wd: World, sink: torch.Tensor) -> torch.Tensor:
-    """bf16 [M, 128, 512]: softmax over [the row's keys, the sink] in f64, values the whole keys
-    (vllm/v1/attention/backends/mla/rocm_aiter_mla_sparse.py:752 reference_mla_sparse_prefill,
-    natural base, with the sink as an extra logit); a pad row's output is zero."""
-    q = wd.inputs.q.double()
-    out = torch.zeros(q.shape, dtype=torch.float64)
-    for r, row in enumerate(wd.keys):
-        if not row:
-            continue
-        kv = torch.stack([decode_record(wd.records[c][s]) for c, s in row]).double()
-        logits = torch.cat([q[r] @ kv.T * D ** -0.5, sink.double()[:, None]], dim=1)
-        out[r] = torch.softmax(logits, dim=1)[:, :-1] @ kv
-    return out.to(torch.bfloat16)
-
-
-def inverse_rope_vllm(o: torch.Tensor, rope: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """bf16: e' = e cos + o sin, o' = o cos - e sin on dims 448.. (rocm_aiter_mla_sparse.py:1505)."""
-    cos, sin = rope[positions, :32][:, None], rope[positions, 32:][:, None]
-    a, b = o[..., NOPE::2].float(), o[..., NOPE + 1::2].float()
-    out = o.clone()
-    out[..., NOPE::2], out[..., NOPE + 1::2] = (a * cos + b * sin).to(o.dtype), (b * cos - a * sin).to(o.dtype)
-    return out
-
-
-def projections(o: torch.Tensor, w: FullWeights) -> torch.Tensor:
-    """y = bf16(wo_b(bf16(wo_a per group(o)))) at full width in f32: vLLM's bf16 wo_a path
-    (rocm_aiter_mla_sparse.py:1755 rocm_inv_rope_einsum: einsum('tgd,grd->tgr')) and one wo_b
-    over all 16384 columns, which is what the sum over ranks computes."""
-    x = o.float().view(o.shape[0], GROUPS, GROUP_K)
-    z = torch.stack([x[:, g] @ dequant(w.wo_a[g * O_LORA:(g + 1) * O_LORA], w.s_woa[8 * g: 8 * (g + 1)]).T
-                     for g in range(GROUPS)], dim=1).flatten(1).to(torch.bfloat16).float()
-    y = torch.zeros(o.shape[0], H)
-    for c in range(0, GROUPS * O_LORA, 4096):  # K in chunks, for memory
-        y += z[:, c:c + 4096] @ dequant(w.wo_b[:, c:c + 4096], w.s_wob[:, c // 128:(c + 4096) // 128]).T
-    return y.to(torch.bfloat16)
-
-
-def mhc_seam(y: torch.Tensor, x: ref.K2Inputs, w: FullWeights) -> dict[str, torch.Tensor]:
-    """vllm/model_executor/kernels/mhc/torch.py:135 mhc_post_torch then :48 mhc_pre_torch with
-    hc_ffn_*, then ffn_norm fused (x rsqrt(mean x^2 + eps) x weight in f32, one bf16 rounding)."""
-    mixed = torch.einsum("mij,mih->mjh", x.comb.float(), x.residual.float())
-    r = (mixed + x.post.float()[..., None] * y.float()[:, None]).to(torch.bfloat16)
-    flat = r.flatten(1).float()
-    mixes = (flat @ w.hc_fn.T) * torch.rsqrt(flat.square().sum(-1, keepdim=True) / flat.shape[1] + EPS)
-    pre = torch.sigmoid(mixes[:, :4] * w.hc_scale[0] + w.hc_base[:4]) + EPS
-    post = torch.sigmoid(mixes[:, 4:8] * w.hc_scale[1] + w.hc_base[4:8]) * 2.0
-    comb = torch.softmax(mixes[:, 8:].view(-1, 4, 4) * w.hc_scale[2] + w.hc_base[8:].view(1, 4, 4), -1) + EPS
-    comb = comb / (comb.sum(-2, keepdim=True) + EPS)
-    for _ in range(19):
-        comb = comb / (comb.sum(-1, keepdim=True) + EPS)
-        comb = comb / (comb.sum(-2, keepdim=True) + EPS)
-    layer_input = (pre[..., None] * r.float()).sum(1).to(torch.bfloat16).float()
-    x_norm = layer_input * torch.rsqrt(layer_input.square().mean(-1, keepdim=True) + EPS) * w.ffn_norm.float()
-    return {"r": r, "post": post, "comb": comb, "x_norm": x_norm.to(torch.bfloat16)}
+def world_seam(y: torch.Tensor, x: ref.K2Inputs, w: FullWeights) -> dict[str, torch.Tensor]:
+    return mhc_seam(y, x.residual, x.post, x.comb, w.hc_fn, w.hc_base, w.hc_scale, w.ffn_norm)
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -147,7 +91,7 @@ def test_a_pad_row_has_no_keys_and_no_output(wd, shards):
 def test_attention_matches_dense_softmax_with_sink(wd, weights):
     """Both key paths (CSA through the block table, HCA global slots) against vLLM's dense
     formulation in f64; the reference's only rounding is o's bf16, so within 2 bf16 ulps."""
-    torch.testing.assert_close(full_o(wd, weights.sink).float(), dense_attention(wd, weights.sink).float(),
+    torch.testing.assert_close(full_o(wd, weights.sink).float(), world_attention(wd, weights.sink).float(),
                                rtol=2 ** -7, atol=1e-5)
 
 
@@ -235,7 +179,7 @@ def test_all_reduce_sums_bf16_partials_in_f32_in_rank_order():
 def test_ffn_seam_matches_vllms_mhc_torch(weights, shards):
     x = world(4).rank(0)
     y = torch.randn(3, H).to(torch.bfloat16)
-    seam, want = ref.ffn_seam(y, x, shards[0]), mhc_seam(y, x, weights)
+    seam, want = ref.ffn_seam(y, x, shards[0]), world_seam(y, x, weights)
     torch.testing.assert_close(seam.r, want["r"], rtol=2 ** -7, atol=0)  # 1 bf16 ulp: the einsum's order
     torch.testing.assert_close(seam.post, want["post"], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(seam.comb, want["comb"], rtol=1e-4, atol=1e-5)
@@ -275,9 +219,9 @@ def run(csa, shards) -> list[ref.K2Outputs]:
 
 @pytest.fixture(scope="module")
 def independent(csa, weights) -> dict[str, torch.Tensor]:
-    o = inverse_rope_vllm(dense_attention(csa, weights.sink), weights.rope, csa.inputs.positions)
-    y = projections(o, weights)
-    return {"o": o, "y": y, **mhc_seam(y, csa.inputs, weights)}
+    o = inverse_rope_vllm(world_attention(csa, weights.sink), weights.rope, csa.inputs.positions)
+    y = world_projections(o, weights)
+    return {"o": o, "y": y, **world_seam(y, csa.inputs, weights)}
 
 
 def live_rows(t: torch.Tensor) -> torch.Tensor:
