@@ -18,7 +18,8 @@ from mono_jit's references: nothing here imports mono_jit.templates.*.reference 
   `vllm_shared`, `vllm_routed` (one rank, plainly), `moe_partials` (every rank, at full width),
   `vllm_moe`, `expert_weights` (an LRU of dequantised experts);
 - one layer: `CheckpointLayer`, `random_checkpoint_layer`, `route_table`, `rank_tensors`,
-  `ATTN_FIELDS`, `LayerStep`, `random_step`, `LayerExpected`, `decode_layer`.
+  `ATTN_FIELDS`, `LayerStep`, `random_step`, `LayerExpected`, `decode_layer`;
+- checking a layer against it: `BOUNDS`, `layer_errors`, `check_swa_cache`.
 
 Cost: decode_layer of 4 rows ~5 s on 2 cores the first time a layer's experts are met (8 experts
 dequantised, ~3 s), ~2 s after; peak ~1.4 GB beyond the 0.65 GB checkpoint (1.1 GB of it the
@@ -970,3 +971,37 @@ def random_step(w: CheckpointLayer, m: int = 4, seed: int = 0, first: bool = Fal
         topk=topk, token_req=token_req if csa else None, block_table=block_table,
         entries_per_page=comp_block if csa else None, comp_cache=comp, comp_page_stride=comp_stride,
         comp_block=comp_block, route_ids=route_ids)
+
+
+# -- comparing a layer's outputs with decode_layer ---------------------------------------------------
+
+# Relative norm errors a layer's outputs may have against decode_layer (live rows). Both sides
+# quantise at the same points, so they differ only where a summation-order ulp flips a rounding;
+# a flipped MXFP8 code moves its element one e4m3 step (half-ulp 2^-4 relative) and every later
+# MXFP8 of a dependent value flips with it. normed and qr (bf16 flips only): 1e-3; res_out,
+# post_out, comb_out (y through two MXFP8 steps, y about 60% of res_out's norm): 1e-2; out
+# (through the MoE's MXFP8 of h, saturating near 2.5e-2 when fully decorrelated): 5e-2.
+BOUNDS = {"normed": 1e-3, "qr": 1e-3, "res_out": 1e-2, "post_out": 1e-2, "comb_out": 1e-2, "out": 5e-2}
+
+
+def layer_errors(got: dict[str, torch.Tensor], want: LayerExpected, rows: Sequence[int]) -> dict[str, float]:
+    """Each of got's outputs (names as BOUNDS') against want's, over `rows` (the live ones)."""
+    index = torch.tensor(list(rows))
+    return {name: float((t[index].double() - getattr(want, name)[index].double()).norm()
+                        / getattr(want, name)[index].double().norm()) for name, t in got.items()}
+
+
+def check_swa_cache(got: torch.Tensor, want: torch.Tensor, step: LayerStep) -> None:
+    """Byte for byte: every byte outside this step's records identical (no stray write, pad rows'
+    -1 slots untouched); the records' bytes identical but where an upstream bf16 ulp (the mHC
+    sums' order) moves a value across a rounding point: then that byte is one code off (an e4m3
+    step, or a bf16 ulp's low byte), and at most 1 byte in 100 is (measured: 1 of 1752)."""
+    written = torch.zeros_like(got)
+    live = step.slot_mapping >= 0
+    insert_records(written, torch.ones(int(live.sum()), 584, dtype=torch.uint8), step.slot_mapping[live],
+                   step.swa_page_stride, step.swa_block)
+    outside = written == 0
+    assert torch.equal(got[outside], want[outside]), "the SWA cache changed outside this step's records"
+    inside = (got[~outside].int() - want[~outside].int()).abs()
+    assert int(inside.max()) <= 1 and int((inside > 0).sum()) * 100 <= inside.numel(), \
+        f"{int((inside > 0).sum())} of {inside.numel()} record bytes differ, by up to {int(inside.max())}"

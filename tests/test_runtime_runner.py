@@ -95,3 +95,58 @@ def test_weights_in_another_layout_are_refused_by_name(k1_weights):
 
 def test_the_declined_result_slices_to_none():
     assert DECLINED[:4] is None and DECLINED[0] is None
+
+
+def test_a_layers_weights_table_is_made_once_and_never_inside_a_capture(weights, k1_weights, monkeypatch):
+    runner = front_runner()
+    table = runner.weights_table(weights)
+    assert runner.weights_table(weights) is table
+    other = layer_weights(k1_weights, layer_id=4)
+    other.attn.check(Dims())
+    other.check(Dims())
+    monkeypatch.setattr(runner_module, "capturing", lambda: True)
+    assert runner.weights_table(weights) is table  # made at an eager step: replays read it
+    with pytest.raises(CaptureError, match="layer 4 first reached"):
+        runner.weights_table(other)
+
+
+def test_the_weights_table_points_k2_at_vllms_tensors(weights):
+    """Entries by name (layout.WEIGHT_TABLE): the tensors vLLM loaded, the 128 x 128 codes behind
+    vLLM's 32 x 32 scales, wo_a's padded row stride, and 0 for a hash layer's bias."""
+    from mono_jit.runtime.tables import weight_table
+    from mono_jit.templates.k2.layout import WEIGHT_TABLE
+
+    table = dict(zip(WEIGHT_TABLE, weight_table(weights)))
+    a = weights.attn
+    assert table["w_oa"] == a.wo_a.data_ptr() and table["woa_stride"] == 4096 + 256 and table["woa_shuffled"] == 0
+    assert table["w_ob"] == a.wo_b.data_ptr() and table["wob_stride"] == 2048 and table["wob_shuffled"] == 1
+    s_oa, s_ob = a.k2_scales()
+    assert table["s_oa"] == s_oa.data_ptr() and torch.equal(s_oa, a.wo_a_scale[::4, ::4])
+    assert torch.equal(s_ob, a.wo_b_scale[::4, ::4]) and tuple(s_ob.shape) == (56, 16)
+    assert table["bias"] == weights.bias.data_ptr() and table["sw2_stride"] == 384
+    hashed = layer_weights(random_weights(row_pad=256, positions=64))
+    hashed.bias = None
+    assert dict(zip(WEIGHT_TABLE, weight_table(hashed)))["bias"] == 0
+
+
+def test_a_nan_scale_code_is_refused_by_name(k1_weights):
+    w = layer_weights(k1_weights)
+    w.attn.check(Dims())
+    w.sw2_s = w.sw2_s.clone()
+    w.sw2_s[7, 1] = 255
+    with pytest.raises(WeightError, match="sw2_s: E8M0 code 255"):
+        w.check(Dims())
+
+
+@pytest.mark.parametrize("change, name", [
+    (lambda kw: kw.update(topk_indices=kw["topk_indices"][:, :512]), "topk_indices"),
+    (lambda kw: kw.update(comp_block_table=None), "comp_block_table"),
+    (lambda kw: kw.update(global_keys=True), "global_keys"),
+    (lambda kw: kw.update(route_ids=torch.zeros(8, 6, dtype=torch.int64)), "route_ids"),
+])
+def test_step_tables_that_do_not_fit_are_refused_by_name(weights, change, name):
+    runner = front_runner()
+    step = hook_step(weights, 2, False)
+    change(step.kwargs)
+    with pytest.raises(ValueError, match=name):
+        runner.forward(*step.args, **step.kwargs)

@@ -78,11 +78,9 @@ def exchange(memory: Any, nbytes: int, group: Any, rank: int, tp: int) -> tuple[
         why = f"peer memory: {exc}"
     handles = _gather(group, handle, tp)
     addresses: list[int] = []
-    if not why:
+    if not why and None not in handles:  # a rank without a buffer says why itself
         try:
             for peer, peer_handle in enumerate(handles):
-                if peer_handle is None:
-                    raise RuntimeError(f"rank {peer} has no peer buffer")
                 addresses.append(local if peer == rank else memory.ipc_open(peer_handle))
         except Exception as exc:
             why = f"opening peer memory: {exc}"

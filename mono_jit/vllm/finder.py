@@ -44,6 +44,7 @@ class RunnerFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def exec_module(self, module: ModuleType) -> None:
         from . import served
 
+        served.log_through_vllm()
         served.check_deployment()
         module.__dict__.update({name: getattr(served, name) for name in served.__all__})
         module.__doc__ = served.__doc__

@@ -2,8 +2,9 @@
 vLLM's plug-in loader installs mono-jit's finder; vLLM's `create()` imports mono-jit's runner
 module (and refuses with mono-jit's reason on a host without HIP); the real decoder layer's
 forward reaches mono-jit's runner through vLLM's hook, which runs K1's reference on vLLM's own
-tensors and caches, calls vLLM's select with K1's outputs, and, with K2 not built yet, sends the
-layer down vLLM's original path; a runner whose grid needs K2 declines on every step."""
+tensors and caches and calls vLLM's select with K1's outputs (a runner built without K2, so the
+layer goes on down vLLM's original path); a runner that cannot exchange its peer buffers
+declines on every step. The whole layer through vLLM is test_e2e_layer.py."""
 
 from __future__ import annotations
 
@@ -48,6 +49,19 @@ def test_vllms_plugin_loader_serves_mono_jits_runner_module(mono_jit_plugin):
     assert served.MonoRunner is MonoRunner and served.BLOCKS == 256
 
 
+def test_the_runners_log_lines_reach_vllms_handlers(mono_jit_plugin, monkeypatch):
+    ours, vllm_logger = logging.getLogger("mono_jit"), logging.getLogger("vllm")
+    monkeypatch.setattr(vllm_logger, "handlers", [logging.StreamHandler()])  # as vLLM's logging set-up leaves it
+    monkeypatch.setattr(vllm_logger, "level", logging.INFO)
+    monkeypatch.setattr(ours, "handlers", [])
+    monkeypatch.setattr(ours, "propagate", True)
+    monkeypatch.setattr(ours, "level", logging.NOTSET)
+    mono_jit_plugin.load_general_plugins()
+    importlib.import_module(RUNNER)
+    assert ours.handlers == vllm_logger.handlers and ours.handlers and not ours.propagate
+    assert logging.getLogger("mono_jit.runtime").isEnabledFor(logging.INFO)
+
+
 def test_vllm_plugins_can_leave_mono_jit_out(mono_jit_plugin, monkeypatch):
     monkeypatch.setenv("VLLM_PLUGINS", "lora_filesystem_resolver")
     mono_jit_plugin.load_general_plugins()
@@ -67,8 +81,10 @@ def test_create_takes_mono_jits_module_and_refuses_a_host_without_hip(md, tiny_m
         md.MonoDecodeLayer.create(layer, tiny_model.config)
 
 
-def test_while_k2_cannot_finish_a_layer_every_step_takes_vllms_path(md, tiny_model, run_step, mono_jit_plugin, monkeypatch,
-                                                         caplog):
+def test_a_runner_without_its_peers_sends_every_step_down_vllms_path(md, tiny_model, run_step, mono_jit_plugin,
+                                                                    deployment, monkeypatch, caplog):
+    """TP 8 on this process's 1-rank group: the peer buffers cannot be exchanged, so the runner
+    declines at its construction, once, and the hook takes vLLM's path on every step."""
     mono_jit_plugin.load_general_plugins()
     layer = tiny_model.layers[3]
     stub_weights(monkeypatch, layer)
@@ -77,7 +93,7 @@ def test_while_k2_cannot_finish_a_layer_every_step_takes_vllms_path(md, tiny_mod
         for _ in range(2):
             run_step(layer, make_step(layer, 2))
     assert isinstance(md._runner, MonoRunner) and len(fallback) == 2
-    assert "rank 0: NotServable: template 'k2': the runner's K2 step" in md._runner.declined
+    assert md._runner.declined == ("rank 0: peer memory: ValueError: a TP group of 1 ranks, expected 8")
     assert caplog.text.count("every rank keeps vLLM's original path") == 1
 
 
