@@ -15,7 +15,8 @@ def vecadd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a.float() + b.float()
 
 
-def run(values: Mapping[str, Any]) -> None:
-    """Write out[:m rows] = a + b over the named flat arguments, as a launch would."""
+def run(values: Mapping[str, Any], spec: Any = None) -> None:
+    """Write out[:m rows] = a + b over the named flat arguments, as a launch would (the build's
+    spec is passed too; vecadd's shapes follow from its arguments)."""
     n = values["m"] * WIDTH
     values["out"][:n] = vecadd(values["a"][:n], values["b"][:n])
