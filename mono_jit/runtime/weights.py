@@ -1,4 +1,4 @@
-"""One layer's weights as vLLM 0.33's hook hands them over, checked, and K1's views of them.
+"""One layer's weights as vLLM 0.33's hook hands them over, checked, and the kernels' views of them.
 
 vLLM's `MonoDecodeLayer.weights` builds `AttnWeights` and `MonoLayerWeights` by keyword
 (`mono_decode.py:269-306`) from the loaded, preshuffled layer and calls `.check(dims)` on each
@@ -97,6 +97,16 @@ def checkpoint_codes(owner: str, name: str, codes: torch.Tensor) -> torch.Tensor
     return first.reshape(rows // r, cols // r).contiguous()
 
 
+def kept_codes(weights: Any, owner: str, *names: str) -> tuple[torch.Tensor, ...]:
+    """The 128 x 128 block codes of `weights`' named 32 x 32 scales (checkpoint_codes), made at
+    their first use (the layer's first, eager, step: vLLM checks the weights then) and kept."""
+    kept: dict[str, torch.Tensor] = weights._codes
+    for name in names:
+        if name not in kept:
+            kept[name] = checkpoint_codes(owner, name, getattr(weights, name))
+    return tuple(kept[name] for name in names)
+
+
 @dataclass
 class AttnWeights:
     """One layer's attention tensors on this rank (vLLM's keyword fields)."""
@@ -115,8 +125,7 @@ class AttnWeights:
     attn_sink: torch.Tensor  # [>= heads] f32
     cos_sin: torch.Tensor  # [positions, 64] f32: cos | sin
     ratio: int
-    _k1_scales: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
-    _k2_scales: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+    _codes: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def check(self, dims: Any) -> None:
         w, h = Widths(dims.tp), model.HIDDEN
@@ -149,22 +158,13 @@ class AttnWeights:
         self.k1_scales()
         self.k2_scales()
 
-    def k1_scales(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """K1's 128 x 128 block codes of wqkv and wq_b, made once per layer (at its first, eager,
-        step: vLLM checks the weights then) and kept."""
-        if self._k1_scales is None:
-            owner = f"layer {self.layer_id} attention"
-            self._k1_scales = (checkpoint_codes(owner, "wqkv_scale", self.wqkv_scale),
-                               checkpoint_codes(owner, "wq_b_scale", self.wq_b_scale))
-        return self._k1_scales
+    def k1_scales(self) -> tuple[torch.Tensor, ...]:
+        """K1's 128 x 128 block codes of wqkv and wq_b (kept_codes)."""
+        return kept_codes(self, f"layer {self.layer_id} attention", "wqkv_scale", "wq_b_scale")
 
-    def k2_scales(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """K2's 128 x 128 block codes of wo_a and wo_b, made once per layer and kept."""
-        if self._k2_scales is None:
-            owner = f"layer {self.layer_id} attention"
-            self._k2_scales = (checkpoint_codes(owner, "wo_a_scale", self.wo_a_scale),
-                               checkpoint_codes(owner, "wo_b_scale", self.wo_b_scale))
-        return self._k2_scales
+    def k2_scales(self) -> tuple[torch.Tensor, ...]:
+        """K2's 128 x 128 block codes of wo_a and wo_b (kept_codes)."""
+        return kept_codes(self, f"layer {self.layer_id} attention", "wo_a_scale", "wo_b_scale")
 
 
 @dataclass
@@ -190,7 +190,7 @@ class MonoLayerWeights:
     sgu_s: torch.Tensor
     sw2: torch.Tensor  # [7168, shared inter] e4m3
     sw2_s: torch.Tensor
-    _shared_scales: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+    _codes: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def check(self, dims: Any) -> None:
         w, h, e = Widths(dims.tp), model.HIDDEN, model.ROUTED_EXPERTS
@@ -214,10 +214,6 @@ class MonoLayerWeights:
             finite_codes(owner, name, getattr(self, name))
         self.shared_scales()
 
-    def shared_scales(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """K2's 128 x 128 block codes of the shared expert's gate_up and down, made once and kept."""
-        if self._shared_scales is None:
-            owner = f"layer {self.attn.layer_id}"
-            self._shared_scales = (checkpoint_codes(owner, "sgu_s", self.sgu_s),
-                                   checkpoint_codes(owner, "sw2_s", self.sw2_s))
-        return self._shared_scales
+    def shared_scales(self) -> tuple[torch.Tensor, ...]:
+        """K2's 128 x 128 block codes of the shared expert's gate_up and down (kept_codes)."""
+        return kept_codes(self, f"layer {self.attn.layer_id}", "sgu_s", "sw2_s")
