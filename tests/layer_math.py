@@ -10,8 +10,8 @@ from mono_jit's references: nothing here imports mono_jit.templates.*.reference 
   `block_gemv` (MX activations x 128 x 128 block-scaled e4m3, f64), `all_reduce` (rank order);
 - AITER's layouts: `aiter_shuffle_weight_a16w4`, `aiter_shuffle_scale_a16w4`, `aiter_shuffle_scale`,
   `aiter_shuffle_weight_16x16`; vLLM's `mx32` scale expansion and `padded` FP8 rows;
-- the mHC seams: `mhc_pre`, `mhc_post` (kernels/mhc/torch.py restated; test_layer_math checks them
-  bit for bit against vLLM's own when vLLM imports), `rms_norm`, `mhc_seam`;
+- the mHC seams: `mhc_pre`, `mhc_post` (kernels/mhc/torch.py restated; tests/vllm/test_vllm_torch_references.py
+  checks them bit for bit against vLLM's own), `rms_norm`, `mhc_seam`;
 - attention: `rope_gptj`, `q_heads`, `kv_rope`, `step_keys`, `dense_attention`, `inverse_rope_vllm`,
   `projections` (vLLM's bf16 wo_a path at full width);
 - MoE: `clamped_swiglu`, `vllm_route`, `Global`, `global_weights`, `rank_slices`, `vllm_layout`,

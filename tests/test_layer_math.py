@@ -32,7 +32,6 @@ would catch it.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 
 import layer_math as lm
@@ -90,25 +89,7 @@ def hca_step(hca0) -> lm.LayerStep:
     return lm.random_step(hca0, 3, seed=6, first=True)
 
 
-# -- vLLM's own pieces -----------------------------------------------------------------------------
-
-def test_mhc_matches_vllms_torch_reference_bit_for_bit():
-    """mhc_pre / mhc_post restate vllm/model_executor/kernels/mhc/torch.py; where vLLM imports (the
-    lean venv has it, no GPU needed) they agree bit for bit."""
-    try:
-        theirs = importlib.import_module("vllm.model_executor.kernels.mhc.torch")
-    except Exception as e:  # noqa: BLE001 (any import failure means: vLLM is not here)
-        pytest.skip(f"vLLM's mhc torch reference does not import here ({e})")
-    g = torch.Generator().manual_seed(3)
-    residual = torch.randn(5, 4, lm.H, generator=g).bfloat16()
-    fn, base, scale = torch.randn(24, 4 * lm.H, generator=g) * 0.01, torch.randn(24, generator=g) * 0.1, \
-        torch.rand(3, generator=g) + 0.5
-    post, comb, collapse, _ = lm.mhc_pre(residual, fn, scale, base)
-    want = theirs.mhc_pre_torch(residual, fn, scale, base, 1e-6, 1e-6, 1e-6, 2.0, 20)
-    assert torch.equal(post, want[0]) and torch.equal(comb, want[1]) and torch.equal(collapse, want[2])
-    x = torch.randn(5, lm.H, generator=g).bfloat16()
-    assert torch.equal(lm.mhc_post(x, residual, post, comb), theirs.mhc_post_torch(x, residual, post, comb))
-
+# -- vLLM's layouts (its torch mHC reference: tests/vllm/test_vllm_torch_references.py) ----------
 
 def test_records_are_k1s_and_read_back():
     """vLLM's writer (cache_utils.py:44, formulated here) and K1's kv_record agree byte for byte, on

@@ -87,6 +87,9 @@ def vllm_host() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_TARGET_DEVICE", "cpu")
         assert "vllm.platforms.rocm" not in sys.modules, "imported before the fake amdsmi"
+        platforms = sys.modules.get("vllm.platforms")
+        assert getattr(platforms, "_current_platform", None) is None, \
+            "vLLM resolved its platform before VLLM_TARGET_DEVICE=cpu: a test outside tests/vllm imported vLLM"
         mp.setitem(sys.modules, "amdsmi", fake_amdsmi())
         mp.setattr(torch.cuda, "Event", no_cuda_event())
         mp.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
