@@ -138,6 +138,16 @@ def test_a_nan_scale_code_is_refused_by_name(k1_weights):
         w.check(Dims())
 
 
+def test_routed_scales_pass_with_any_code_in_aiters_pad_columns(k1_weights):
+    """w2_s's columns past inter / 32 (12 of 16 at TP8) are AITER's shuffle_scale padding, left
+    uninitialised: a layer whose pad bytes happen to be 255 is a valid layer."""
+    w = layer_weights(k1_weights)
+    w.attn.check(Dims())
+    w.w2_s = torch.full_like(w.w2_s, 255)
+    w.w13_s = torch.full_like(w.w13_s, 255)
+    w.check(Dims())
+
+
 @pytest.mark.parametrize("change, name", [
     (lambda kw: kw.update(topk_indices=kw["topk_indices"][:, :512]), "topk_indices"),
     (lambda kw: kw.update(comp_block_table=None), "comp_block_table"),

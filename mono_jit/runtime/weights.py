@@ -210,7 +210,10 @@ class MonoLayerWeights:
         owner = f"layer {self.attn.layer_id}"
         for name, shape, dtype in table:
             _check(owner, name, getattr(self, name), shape, dtype)
-        for name in ("w13_s", "w2_s", "sgu_s", "sw2_s"):
+        # The shared expert's codes are converted and kept (kept_codes); the routed experts' are
+        # AITER's buffers, read as vLLM's own MoE reads them and not scanned: w2_s's pad columns
+        # are left uninitialised by AITER's shuffle_scale (torch.empty), so any code may sit there.
+        for name in ("sgu_s", "sw2_s"):
             finite_codes(owner, name, getattr(self, name))
         self.shared_scales()
 

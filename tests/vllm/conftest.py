@@ -54,6 +54,7 @@ from cpu_vllm import (
 
 HERE = Path(__file__).parent
 _timings: dict[str, float] = {}
+_measured: dict[str, float] = {}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -71,6 +72,21 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.write_line(
             "vLLM fixtures: " + ", ".join(f"{k} {v:.2f} s" for k, v in _timings.items())
         )
+    if _measured:
+        terminalreporter.write_line(
+            "measured (worst case): " + ", ".join(f"{k} {v:.3g}" for k, v in sorted(_measured.items()))
+        )
+
+
+@pytest.fixture
+def measured() -> Callable[[str, float], None]:
+    """measured(name, value): keep the worst (largest) value of `name` over the session's tests,
+    printed in the summary: the figures behind a test's stated bounds."""
+
+    def note(name: str, value: float) -> None:
+        _measured[name] = max(value, _measured.get(name, value))
+
+    return note
 
 
 @contextmanager

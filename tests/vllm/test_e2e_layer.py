@@ -96,7 +96,7 @@ CASES = [(s, i) for s in range(len(STEPS)) for i in LAYERS]
 
 
 @pytest.mark.parametrize("step, layer", CASES, ids=[f"e2e-step{s}-layer{i}" for s, i in CASES])
-def test_e2e_layer_through_vllms_hook_matches_vllms_math(ranks, checkpoints, step, layer):
+def test_e2e_layer_through_vllms_hook_matches_vllms_math(ranks, checkpoints, measured, step, layer):
     record = ranks[0]["steps"][step]
     entry = record["layers"][layer]
     want = decode_layer(layer_step(record, entry), checkpoints[layer])
@@ -107,9 +107,10 @@ def test_e2e_layer_through_vllms_hook_matches_vllms_math(ranks, checkpoints, ste
     errors = layer_errors(got, want, range(live))
     over = {name: e for name, e in errors.items() if not e <= BOUNDS[name]}
     assert not over, f"past the bounds {BOUNDS}: {over} (all: {errors})"
-    check_swa_cache(entry["swa_after"], want.swa_cache, layer_step(record, entry))
-
-
+    off = check_swa_cache(entry["swa_after"], want.swa_cache, layer_step(record, entry))
+    for name, error in errors.items():
+        measured(f"e2e {name}", error)
+    measured("e2e SWA record bytes off", off)
 
 
 def test_e2e_the_steps_took_mono_jits_runner_on_every_rank(ranks):
