@@ -5,6 +5,7 @@ real classes)."""
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 import types
 
@@ -60,6 +61,29 @@ def test_another_vllm_version_defers_to_vllms_own_module(fake_vllm, monkeypatch,
     with pytest.raises(ModuleNotFoundError):  # the stand-in vLLM has no file of its own to defer to
         importlib.import_module(RUNNER_MODULE)
     assert "written for vLLM 0.33.0, not 0.34.0" in caplog.text
+
+
+def test_the_version_warning_reaches_vllms_handlers(fake_vllm, monkeypatch):
+    """vLLM configures its `vllm` logger only: the one line saying why mono-jit stood aside must
+    go out through its handlers, or a user never sees it."""
+    lines: list[str] = []
+
+    class Recorder(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    ours, theirs = logging.getLogger("mono_jit"), logging.getLogger("vllm")
+    monkeypatch.setattr(theirs, "handlers", [Recorder()])
+    monkeypatch.setattr(theirs, "level", logging.INFO)
+    monkeypatch.setattr(ours, "handlers", [])
+    monkeypatch.setattr(ours, "propagate", True)
+    monkeypatch.setattr(ours, "level", logging.NOTSET)
+    fake_vllm.__version__ = "0.34.0"
+    monkeypatch.setattr(RunnerFinder, "_warned", False)
+    plugin.register()
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(RUNNER_MODULE)
+    assert any("written for vLLM 0.33.0, not 0.34.0" in line for line in lines)
 
 
 def test_a_host_without_hip_refuses_with_an_import_error_vllm_reports(fake_vllm, monkeypatch):

@@ -15,6 +15,8 @@ import logging
 import sys
 from types import ModuleType
 
+from .logs import log_through_vllm
+
 RUNNER_MODULE = "vllm.models.deepseek_v4.amd.mono.runner"
 VLLM_VERSION = "0.33.0"  # the hook, runner contract and gates this plug-in was written against
 log = logging.getLogger("mono_jit.vllm")
@@ -33,6 +35,7 @@ class RunnerFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         if version != VLLM_VERSION:
             if not RunnerFinder._warned:
                 RunnerFinder._warned = True
+                log_through_vllm()
                 log.warning("mono-jit's vLLM plug-in was written for vLLM %s, not %s: vLLM's own mono runner "
                             "stays in place", VLLM_VERSION, version)
             return None
@@ -44,7 +47,7 @@ class RunnerFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def exec_module(self, module: ModuleType) -> None:
         from . import served
 
-        served.log_through_vllm()
+        log_through_vllm()
         served.check_deployment()
         module.__dict__.update({name: getattr(served, name) for name in served.__all__})
         module.__doc__ = served.__doc__

@@ -8,26 +8,11 @@ the cache, all-or-none across ranks, vLLM's original path when anything is missi
 
 from __future__ import annotations
 
-import logging
-
 from ..config import Settings
 from ..runtime.runner import BLOCKS, MAX_TOKENS, MonoRunner
 from ..runtime.weights import AttnWeights, MonoLayerWeights
 
 __all__ = ["AttnWeights", "BLOCKS", "MAX_TOKENS", "MonoLayerWeights", "MonoRunner"]
-
-
-def log_through_vllm() -> None:
-    """Send mono-jit's log lines to vLLM's handlers (vLLM configures its `vllm` logger only, so
-    the runner's info lines, "runner ready" among them, would otherwise be dropped), at vLLM's
-    level. A logging set-up that already routes `mono_jit` is left as it is."""
-    ours, theirs = logging.getLogger("mono_jit"), logging.getLogger("vllm")
-    if ours.handlers or not theirs.handlers:
-        return
-    for handler in theirs.handlers:
-        ours.addHandler(handler)
-    ours.setLevel(theirs.getEffectiveLevel())
-    ours.propagate = False
 
 
 def check_deployment() -> None:
