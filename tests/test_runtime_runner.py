@@ -3,6 +3,8 @@ backend -> vLLM's select, and the all-rank fallback when anything is missing."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hook_inputs import Dims, expected_front, hook_step, layer_weights, random_weights
@@ -136,6 +138,10 @@ def test_a_nan_scale_code_is_refused_by_name(k1_weights):
     w.sw2_s[7, 1] = 255
     with pytest.raises(WeightError, match="sw2_s: E8M0 code 255"):
         w.check(Dims())
+    attn = dataclasses.replace(w.attn, wo_b_scale=w.attn.wo_b_scale.clone(), _codes={})
+    attn.wo_b_scale[:4, 4:8] = 255  # a whole 128 x 128 block: only the NaN is wrong
+    with pytest.raises(WeightError, match="layer 3 attention wo_b_scale: E8M0 code 255"):
+        attn.check(Dims())
 
 
 def test_routed_scales_pass_with_any_code_in_aiters_pad_columns(k1_weights):

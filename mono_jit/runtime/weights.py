@@ -78,15 +78,12 @@ def _check(owner: str, name: str, tensor: Any, shape: tuple[int, ...], dtype: to
 NAN_CODE = 255  # E8M0's one non-power-of-two code
 
 
-def finite_codes(owner: str, name: str, codes: torch.Tensor) -> None:
-    """E8M0 codes are powers of two by construction except 255, NaN: a weight scaled by it is a
-    broken checkpoint or a mislaid tensor (vLLM's _scale_bytes checks its fp32 scales likewise)."""
+def checkpoint_codes(owner: str, name: str, codes: torch.Tensor) -> torch.Tensor:
+    """The 128 x 128 block codes behind vLLM's 32 x 32 expansion (every 4 x 4 group equal). E8M0
+    codes are powers of two except 255, NaN: a weight scaled by it is a broken checkpoint or a
+    mislaid tensor, refused (vLLM's _scale_bytes checks its fp32 scales likewise)."""
     if bool((codes == NAN_CODE).any()):
         raise WeightError(f"{owner} {name}: E8M0 code 255 (NaN) among its scales")
-
-
-def checkpoint_codes(owner: str, name: str, codes: torch.Tensor) -> torch.Tensor:
-    """The 128 x 128 block codes behind vLLM's 32 x 32 expansion (every 4 x 4 group equal)."""
     r = CHECKPOINT_BLOCK // MX
     rows, cols = codes.shape
     blocks = codes.view(rows // r, r, cols // r, r)
@@ -153,8 +150,6 @@ class AttnWeights:
                               "contiguous float32 [positions, 64]")
         if self.ratio not in (model.CSA_RATIO, model.HCA_RATIO):
             raise WeightError(f"{owner}: compress ratio {self.ratio}, expected 4 or 128")
-        for name in ("wqkv_scale", "wq_b_scale", "wo_a_scale", "wo_b_scale"):
-            finite_codes(owner, name, getattr(self, name))
         self.k1_scales()
         self.k2_scales()
 
@@ -207,14 +202,12 @@ class MonoLayerWeights:
                       (f"hc_{seam}_base", (MIXES,), f32), (f"{seam}_norm", (h,), bf16)]
         if self.bias is not None:
             table.append(("bias", (e,), f32))
-        owner = f"layer {self.attn.layer_id}"
         for name, shape, dtype in table:
-            _check(owner, name, getattr(self, name), shape, dtype)
-        # The shared expert's codes are converted and kept (kept_codes); the routed experts' are
-        # AITER's buffers, read as vLLM's own MoE reads them and not scanned: w2_s's pad columns
-        # are left uninitialised by AITER's shuffle_scale (torch.empty), so any code may sit there.
-        for name in ("sgu_s", "sw2_s"):
-            finite_codes(owner, name, getattr(self, name))
+            _check(f"layer {self.attn.layer_id}", name, getattr(self, name), shape, dtype)
+        # NaN codes are refused where codes are converted and kept (checkpoint_codes): K1's, K2's
+        # and the shared expert's. The routed experts' scales are AITER's buffers, read as vLLM's
+        # own MoE reads them and not scanned: w2_s's pad columns are left uninitialised by AITER's
+        # shuffle_scale (torch.empty), so any code may sit there.
         self.shared_scales()
 
     def shared_scales(self) -> tuple[torch.Tensor, ...]:
