@@ -79,8 +79,8 @@ def _insecure(text: str) -> tuple[str, ...]:
 
 
 def _backend(text: str) -> str:
-    if text not in ("hip", "reference"):
-        raise ValueError(f"expected 'hip' or 'reference', got {text!r}")
+    if text not in ("hip", "reference", "emulator"):
+        raise ValueError(f"expected 'hip', 'reference' or 'emulator', got {text!r}")
     return text
 
 

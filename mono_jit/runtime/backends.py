@@ -94,10 +94,51 @@ class ReferenceBackend:
         kernel.handle(dict(values), kernel.spec)
 
 
+class EmulatorBackend:
+    """Runs the cached code objects on an emulated gfx950 (`mono_jit.emulator`), one device per
+    backend: every tensor argument is registered as device memory for the launch, the kernarg
+    bytes are the ones a HIP launch would get. Needs the `emulate` extra."""
+
+    name = "emulator"
+    needs_cache = True
+
+    def __init__(self, machine: Any = None, device: int = 0) -> None:
+        from ..emulator import Machine
+
+        self.machine = machine or Machine()
+        self.device = device
+        self.last_report: Any = None
+
+    def load(self, template: Template, spec: Spec, meta: Mapping[str, Any], hsaco: bytes | None) -> Kernel:
+        from ..emulator import CodeObject
+
+        launches = meta["launches"]
+        if len(launches) != 1:
+            raise KernargError(f"{template.name}: {len(launches)} launches in its entry; the runner launches one")
+        layout(meta)
+        if hsaco is None:
+            raise KernargError(f"{template.name}: the emulator runs code objects; none was given")
+        return Kernel(template.name, spec, meta, CodeObject(hsaco, launches[0]["kernel"]))
+
+    def launch(self, kernel: Kernel, values: Mapping[str, Any], stream: int) -> None:
+        kernarg = pack(kernel.meta, values)
+        added = [value for name, value in values.items()
+                 if hasattr(value, "data_ptr") and self.machine.register_new(value, name)]
+        try:
+            shape = kernel.meta["launch"]
+            self.last_report = self.machine.launch(kernel.handle, shape["grid"], shape["block"], kernarg,
+                                                   shape["dynamic_lds"], self.device)
+        finally:
+            for value in added:
+                self.machine.unregister(value)
+
+
 def backend(name: str) -> Backend:
-    """The backend called `name` ("hip" or "reference")."""
+    """The backend called `name` ("hip", "reference" or "emulator")."""
     if name == "hip":
         return HipBackend()
     if name == "reference":
         return ReferenceBackend()
-    raise ValueError(f"backend {name!r}: expected 'hip' or 'reference'")
+    if name == "emulator":
+        return EmulatorBackend()
+    raise ValueError(f"backend {name!r}: expected 'hip', 'reference' or 'emulator'")

@@ -1,0 +1,416 @@
+"""Emulated MI355X devices: host memory registered as device memory, launches of code objects
+with every workgroup co-resident, and what a launch did (counters) or why it failed.
+
+Device memory is host memory: a torch CPU tensor's (or numpy array's) `data_ptr()` is its device
+address, so the kernargs the runtime packs (`runtime/kernargs.pack`) run unchanged. Every access
+must fall inside a registered allocation; writes into one registered read-only (weights) fail.
+Several devices share one memory (peer buffers are plain host memory), and a launch may span
+several devices at once (`launch_many`), interleaved deterministically.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+from numba import typed
+
+from . import core
+from .codeobj import USER_SGPRS, CodeObject, CodeObjectError
+from .ops import CLASSES
+
+LDS_BYTES = 160 * 1024  # gfx950's LDS per CU (MI355X: 160 KiB)
+WAVE = 64
+IDLE_WAIT_SECONDS = 30.0  # a launch polling another process's memory gives up after this long idle
+
+
+class EmulatorFault(Exception):
+    """A launch failed as it would on the device (a trap, a bad address) or hung (Deadlock)."""
+
+
+class Deadlock(EmulatorFault):
+    """No wave of a launch can progress: every live wave waits at a barrier or on memory."""
+
+
+@dataclass
+class Allocation:
+    name: str
+    base: int
+    size: int
+    writable: bool
+    weight: bool
+    owner: Any  # keeps the tensor / array alive while registered
+    view: np.ndarray  # uint8 view of the bytes
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch on one device: the code object, its shape and its kernarg bytes."""
+
+    code: CodeObject
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    kernarg: bytes
+    dynamic_lds: int = 0
+    device: int = 0
+
+
+@dataclass
+class LaunchReport:
+    """What a launch did: per device counters and per allocation traffic."""
+
+    kernels: list[str]
+    seconds: float
+    wave_instructions: int
+    by_class: dict[str, int]
+    mfma: int
+    barriers: int
+    polls: int
+    idle_rounds: int
+    lds_bytes_read: int
+    lds_bytes_written: int
+    bytes_read: int
+    bytes_written: int
+    per_device: list[dict[str, int]]
+    per_allocation: dict[str, dict[str, int]] = field(default_factory=dict)
+    busiest_workgroup_instructions: int = 0
+
+    @property
+    def counters(self) -> dict[str, Any]:
+        return {"wave_instructions": self.wave_instructions, "by_class": self.by_class, "mfma": self.mfma,
+                "barriers": self.barriers, "polls": self.polls, "idle_rounds": self.idle_rounds,
+                "lds_bytes_read": self.lds_bytes_read, "lds_bytes_written": self.lds_bytes_written,
+                "bytes_read": self.bytes_read, "bytes_written": self.bytes_written,
+                "busiest_workgroup_instructions": self.busiest_workgroup_instructions,
+                "per_device": self.per_device, "per_allocation": self.per_allocation}
+
+
+def _bytes_of(obj: Any) -> tuple[int, int, np.ndarray]:
+    """(address, size, uint8 view) of a torch tensor's or numpy array's memory."""
+    if isinstance(obj, np.ndarray):
+        if not obj.flags.c_contiguous:
+            raise ValueError("a registered numpy array must be C-contiguous")
+        return obj.ctypes.data, obj.nbytes, obj.reshape(-1).view(np.uint8)
+    if hasattr(obj, "data_ptr") and hasattr(obj, "untyped_storage"):
+        if obj.device.type != "cpu":
+            raise ValueError(f"a registered tensor must live in host memory, not on {obj.device}")
+        storage = obj.untyped_storage()
+        address, size = storage.data_ptr(), storage.nbytes()
+        if size == 0:
+            return address, 0, np.zeros(0, np.uint8)
+        view = np.frombuffer((ctypes.c_uint8 * size).from_address(address), np.uint8)
+        return address, size, view
+    raise TypeError(f"cannot register {type(obj).__name__}: expected a torch CPU tensor or a numpy array")
+
+
+class Machine:
+    """`devices` emulated gfx950 devices sharing host memory."""
+
+    def __init__(self, devices: int = 1) -> None:
+        if devices < 1:
+            raise ValueError(f"devices={devices}: expected at least 1")
+        self.devices = devices
+        self.allocations: list[Allocation] = []
+        self.external_writers = False  # another process writes registered memory (peer buffers)
+
+    # -- memory -----------------------------------------------------------------------------------
+    def register(self, obj: Any, name: str, writable: bool = True) -> int:
+        """Make a tensor's (whole storage's) bytes device memory; returns the base address. A
+        read-only registration is a weight: writes to it fault, and its distinct bytes read are
+        counted. Registering memory that overlaps a registration merges the two."""
+        address, size, view = _bytes_of(obj)
+        if size == 0:
+            return address
+        new = Allocation(name, address, size, writable, not writable, obj, view)
+        for old in [a for a in self.allocations if a.base < address + size and address < a.base + a.size]:
+            self.allocations.remove(old)
+            lo, hi = min(old.base, new.base), max(old.base + old.size, new.base + new.size)
+            owner = old if old.base == lo and old.size == hi - lo else new if new.base == lo and new.size == hi - lo else None
+            if owner is None:
+                raise ValueError(f"{name!r} [{address:#x}, +{size}) straddles {old.name!r} [{old.base:#x}, +{old.size})")
+            names = old.name if old.name == new.name else f"{owner.name}|{(new if owner is old else old).name}"
+            new = Allocation(names, owner.base, owner.size, old.writable or new.writable, old.weight and new.weight,
+                             owner.owner, owner.view)
+        self.allocations.append(new)
+        self.allocations.sort(key=lambda a: a.base)
+        return address
+
+    def register_new(self, obj: Any, name: str, writable: bool = True) -> bool:
+        """Register `obj` unless its bytes are already registered; True if it was added."""
+        address, size, _ = _bytes_of(obj)
+        if any(a.base <= address and address + size <= a.base + a.size for a in self.allocations):
+            return False
+        self.register(obj, name, writable)
+        return True
+
+    def unregister(self, obj: Any) -> None:
+        address, _, _ = _bytes_of(obj)
+        self.allocations = [a for a in self.allocations if a.base != address]
+
+    def nearest(self, address: int) -> str:
+        """The allocation nearest an address, for fault reports."""
+        if not self.allocations:
+            return "no allocation is registered"
+        best = min(self.allocations, key=lambda a: 0 if a.base <= address < a.base + a.size
+                   else min(abs(address - a.base), abs(address - (a.base + a.size))))
+        if best.base <= address < best.base + best.size:
+            return f"inside {best.name!r} [{best.base:#x}, +{best.size}) at offset {address - best.base}"
+        where = address - (best.base + best.size) if address >= best.base else best.base - address
+        side = "past the end of" if address >= best.base else "before"
+        return f"{where} bytes {side} {best.name!r} [{best.base:#x}, +{best.size})"
+
+    # -- launches ---------------------------------------------------------------------------------
+    def launch(self, code: CodeObject, grid: Sequence[int], block: Sequence[int], kernarg: bytes,
+               dynamic_lds: int = 0, device: int = 0, budget: int = 1 << 40) -> LaunchReport:
+        """Run one kernel to completion (see `launch_many`)."""
+        return self.launch_many([Launch(code, _dims(grid), _dims(block), bytes(kernarg), dynamic_lds, device)], budget)
+
+    def launch_many(self, launches: Iterable[Launch], budget: int = 1 << 40) -> LaunchReport:
+        """Run launches on their devices together, every workgroup of each co-resident, to
+        completion; raise EmulatorFault (or Deadlock) with the failing wave's state."""
+        launches = list(launches)
+        state = _State(self, launches)
+        try:
+            return self._run(state, budget)
+        finally:
+            state.release()
+
+    def _run(self, state: "_State", budget: int) -> LaunchReport:
+        start = time.perf_counter()
+        idle_since = None
+        while True:
+            result = state.run(budget)
+            if result == core.IDLE:
+                idle_since = idle_since or time.monotonic()
+                if time.monotonic() - idle_since > IDLE_WAIT_SECONDS:
+                    raise Deadlock(state.blocked_report(f"no progress for {IDLE_WAIT_SECONDS:.0f} s"))
+                time.sleep(0.001)
+                state.ctl[core.C_IDLE] = 0
+                state.ctl[core.C_EPOCH] += 1
+                continue
+            break
+        seconds = time.perf_counter() - start
+        if result == core.FAULTED:
+            raise EmulatorFault(state.fault_report())
+        if result == core.DEADLOCKED:
+            raise Deadlock(state.blocked_report("no wave can progress"))
+        if result == core.BUDGET:
+            raise EmulatorFault(state.blocked_report(f"more than {budget} wave-instructions"))
+        return state.report(seconds)
+
+
+def _dims(values: Sequence[int]) -> tuple[int, int, int]:
+    dims = tuple(int(v) for v in values) + (1,) * (3 - len(values))
+    if len(dims) != 3 or min(dims) < 1:
+        raise ValueError(f"launch dimensions {tuple(values)}: expected 1 to 3 positive integers")
+    return dims  # type: ignore[return-value]
+
+
+class _State:
+    """The arrays of one launch_many: waves, workgroups, memory, counters."""
+
+    def __init__(self, machine: Machine, launches: list[Launch]) -> None:
+        self.machine = machine
+        self.launches = launches
+        tables, self.row0 = [], []
+        rows = 0
+        for launch in launches:
+            if not 0 <= launch.device < machine.devices:
+                raise ValueError(f"device {launch.device}: the machine has devices 0..{machine.devices - 1}")
+            if launch.code.descriptor.private_segment_size:
+                raise CodeObjectError(f"{launch.code.name}: scratch (private segment) is not emulated")
+            table = launch.code.program.table.copy()
+            table[:, 18] += rows  # F_NEXT
+            table[:, 19] += rows  # F_TARGET
+            tables.append(table)
+            self.row0.append(rows)
+            rows += len(table)
+        self.program = np.concatenate(tables)
+        self.kernargs = []
+        for index, launch in enumerate(launches):
+            buffer = np.zeros(max(len(launch.kernarg), launch.code.descriptor.kernarg_size, 4) + 256, np.uint8)
+            buffer[:len(launch.kernarg)] = np.frombuffer(launch.kernarg, np.uint8)
+            machine.register(buffer, f"kernarg[{index}]", writable=False)
+            self.kernargs.append(buffer)
+        self._build_waves()
+        self._build_memory()
+
+    def release(self) -> None:
+        """Unregister the launch's kernarg buffers."""
+        for buffer in self.kernargs:
+            self.machine.unregister(buffer)
+
+    def _build_waves(self) -> None:
+        waves, ctas, lds_sizes = [], [], []
+        vgprs = max(launch.code.descriptor.vgprs for launch in self.launches)
+        for index, launch in enumerate(self.launches):
+            kd = launch.code.descriptor
+            lds = kd.group_segment_size + launch.dynamic_lds
+            if lds > LDS_BYTES:
+                raise CodeObjectError(f"{launch.code.name}: {lds} bytes of LDS a workgroup, past gfx950's {LDS_BYTES}")
+            threads = launch.block[0] * launch.block[1] * launch.block[2]
+            if threads > 1024:
+                raise CodeObjectError(f"{launch.code.name}: {threads} work-items a workgroup (at most 1024)")
+            gx, gy, gz = launch.grid
+            for z in range(gz):
+                for y in range(gy):
+                    for x in range(gx):
+                        cta = len(ctas)
+                        n_waves = -(-threads // WAVE)
+                        ctas.append((n_waves, len(waves), lds))
+                        for wave in range(n_waves):
+                            waves.append((index, launch, cta, (x, y, z), wave, threads))
+                        lds_sizes.append(lds)
+        W = len(waves)
+        self.S = np.zeros((W, 136), np.uint32)
+        self.V = np.zeros((W, vgprs, WAVE), np.uint32)
+        self.WS = np.zeros((W, core.WS_FIELDS), np.int64)
+        self.CTA = np.zeros((len(ctas), 4), np.int64)
+        self.LDS = np.zeros((len(ctas), max(lds_sizes) if lds_sizes else 4), np.uint8)
+        for c, (n_waves, first, lds) in enumerate(ctas):
+            self.CTA[c] = (n_waves, 0, first, lds)
+        self.wave_info = []
+        for w, (index, launch, cta, (x, y, z), wave, threads) in enumerate(waves):
+            kd = launch.code.descriptor
+            self.WS[w, core.WS_PC] = self.row0[index] + launch.code.program.entry
+            self.WS[w, core.WS_CTA] = cta
+            self.WS[w, core.WS_DEVICE] = launch.device
+            self.WS[w, core.WS_ROW0] = self.row0[index]
+            sgpr = 0
+            for name in kd.user_sgprs:  # user SGPRs in the hardware's order
+                if name == "kernarg_segment_ptr":
+                    address = self.kernargs[index].ctypes.data
+                    self.S[w, sgpr], self.S[w, sgpr + 1] = address & 0xFFFFFFFF, address >> 32
+                else:
+                    raise CodeObjectError(f"{launch.code.name}: user SGPR {name} is not emulated")
+                sgpr += dict(USER_SGPRS)[name]
+            if sgpr != kd.user_sgpr_count:
+                raise CodeObjectError(f"{launch.code.name}: {kd.user_sgpr_count} user SGPRs declared, {sgpr} known")
+            for enabled, value in zip(kd.workgroup_ids, (x, y, z)):
+                if enabled:
+                    self.S[w, sgpr] = value
+                    sgpr += 1
+            lanes = min(WAVE, threads - wave * WAVE)
+            mask = (1 << lanes) - 1
+            self.S[w, core.EXEC], self.S[w, core.EXEC + 1] = mask & 0xFFFFFFFF, mask >> 32
+            bx, by, _ = launch.block
+            for lane in range(lanes):  # packed work-item ids: x bits 0-9, y 10-19, z 20-29
+                t = wave * WAVE + lane
+                self.V[w, 0, lane] = t % bx | (t // bx % by) << 10 | (t // (bx * by)) << 20
+            self.wave_info.append((index, cta, (x, y, z), wave))
+
+    def _build_memory(self) -> None:
+        allocations = self.machine.allocations
+        self.ALLOC = np.zeros((max(len(allocations), 1), 4), np.int64)
+        self.ALLOC[:, 0] = -1  # a dummy row when nothing is registered never matches
+        self.BUFS = typed.List()
+        self.TOUCH = typed.List()
+        for k, a in enumerate(allocations):
+            self.ALLOC[k] = (a.base, a.size, (1 if a.writable else 0) | (2 if a.weight else 0), 0)
+            self.BUFS.append(a.view)
+            self.TOUCH.append(np.zeros(-(-a.size // 4) if a.weight else 1, np.uint8))
+        if not allocations:
+            self.BUFS.append(np.zeros(1, np.uint8))
+            self.TOUCH.append(np.zeros(1, np.uint8))
+        self.ABYTES = np.zeros((self.ALLOC.shape[0], 6), np.int64)
+        self.CNT = np.zeros((self.machine.devices, core.CNT_FIELDS), np.int64)
+        self.ctl = np.zeros(core.CTL_FIELDS, np.int64)
+        self.clock = np.zeros(self.machine.devices, np.int64)
+        self.T = np.zeros((8, WAVE), np.uint32)
+
+    def run(self, budget: int) -> int:
+        return int(core.run(self.program, self.S, self.V, self.WS, self.CTA, self.LDS, self.ALLOC, self.BUFS,
+                            self.TOUCH, self.ABYTES, self.CNT, self.ctl, self.clock, self.T, budget,
+                            self.machine.external_writers))
+
+    # -- reports --------------------------------------------------------------------------------
+    def _where(self, w: int) -> tuple[str, str]:
+        index, cta, (x, y, z), wave = self.wave_info[w]
+        launch = self.launches[index]
+        row = int(self.WS[w, core.WS_PC]) - self.row0[index]
+        program = launch.code.program
+        pc = program.addresses[row] if 0 <= row < len(program.addresses) else -1
+        name = program.names[row] if 0 <= row < len(program.names) else "?"
+        return (f"{launch.code.name} on device {launch.device}, workgroup ({x}, {y}, {z}) wave {wave}",
+                f"pc {pc:#x} ({name})")
+
+    def fault_report(self) -> str:
+        ctl = self.ctl
+        w = int(ctl[core.C_WAVE])
+        self.WS[w, core.WS_PC] = ctl[core.C_ROW]
+        where, pc = self._where(w)
+        kind, lane, address, size, detail = (int(ctl[core.C_FAULT]), int(ctl[core.C_LANE]), int(ctl[core.C_ADDRESS]),
+                                             int(ctl[core.C_SIZE]), int(ctl[core.C_DETAIL]))
+        at = f"{where}, {pc}" + (f", lane {lane}" if lane >= 0 else "")
+        if kind == core.FAULT_TRAP:
+            return f"s_trap {detail} (the kernel aborted the launch, as HIP reports a trap): {at}"
+        if kind == core.FAULT_UNMAPPED:
+            return (f"memory access outside every allocation: {size} bytes at {address:#x}, "
+                    f"{self.machine.nearest(address)}: {at}")
+        if kind == core.FAULT_READ_ONLY:
+            return f"write into read-only memory at {address:#x}, {self.machine.nearest(address)}: {at}"
+        if kind == core.FAULT_UNALIGNED:
+            return f"unaligned {size}-byte access at {address:#x} (LDS and atomics need dword alignment): {at}"
+        if kind == core.FAULT_LDS:
+            return f"LDS access of {size} bytes at {address:#x}, past the workgroup's {detail} bytes: {at}"
+        if kind == core.FAULT_EXEC:
+            return f"MFMA with a partial EXEC mask ({address & (2**64 - 1):#018x}) is not modelled: {at}"
+        return f"operand form not modelled (case {detail}, value {address:#x}): {at}"
+
+    def blocked_report(self, why: str) -> str:
+        lines = [f"launch stopped: {why}; blocked waves:"]
+        names = {core.AT_BARRIER: "at s_barrier", core.PARKED: "polling", core.RUNNING: "running"}
+        for w in range(len(self.wave_info)):
+            status = int(self.WS[w, core.WS_STATUS])
+            if status == core.DONE:
+                continue
+            where, pc = self._where(w)
+            line = f"  {where}: {names.get(status, status)} at {pc}"
+            if status != core.AT_BARRIER:
+                address = int(self.WS[w, core.WS_POLL])
+                line += f", last load {address:#x} = {self._peek(address)} ({self.machine.nearest(address)})"
+            lines.append(line)
+            if len(lines) > 64:
+                lines.append(f"  ... and {sum(1 for k in range(w + 1, len(self.wave_info)) if self.WS[k, 1] != core.DONE)} more")
+                break
+        return "\n".join(lines)
+
+    def _peek(self, address: int) -> str:
+        for a in self.machine.allocations:
+            if a.base <= address and address + 4 <= a.base + a.size:
+                return f"{int(a.view[address - a.base:address - a.base + 4].view(np.uint32)[0]):#x}"
+        return "unmapped"
+
+    def report(self, seconds: float) -> LaunchReport:
+        cnt = self.CNT
+        n = len(CLASSES)
+        per_device = []
+        for d in range(self.machine.devices):
+            row = {name: int(cnt[d, k]) for k, name in enumerate(CLASSES)}
+            row["wave_instructions"] = int(cnt[d, :n].sum())
+            per_device.append(row)
+        per_allocation = {}
+        for k, a in enumerate(self.machine.allocations):
+            r = self.ABYTES[k]
+            if not r.any():
+                continue
+            entry = {"buffer_read": int(r[0]), "buffer_written": int(r[1]), "global_read": int(r[2]),
+                     "global_written": int(r[3]), "scalar_read": int(r[4])}
+            if a.weight:
+                entry["distinct_bytes_read"] = int(self.TOUCH[k].sum()) * 4
+            per_allocation[a.name] = entry
+        by_cta = np.zeros(self.CTA.shape[0], np.int64)
+        np.add.at(by_cta, self.WS[:, core.WS_CTA], self.WS[:, core.WS_COUNT])
+        return LaunchReport(
+            kernels=[launch.code.name for launch in self.launches], seconds=seconds,
+            wave_instructions=int(cnt[:, :n].sum()),
+            by_class={name: int(cnt[:, k].sum()) for k, name in enumerate(CLASSES)},
+            mfma=int(cnt[:, CLASSES.index("mfma")].sum()), barriers=int(cnt[:, core.CNT_BARRIERS].sum()),
+            polls=int(cnt[:, core.CNT_POLLS].sum()), idle_rounds=int(cnt[:, core.CNT_IDLE].max()),
+            lds_bytes_read=int(cnt[:, core.CNT_LDS_READ].sum()), lds_bytes_written=int(cnt[:, core.CNT_LDS_WRITTEN].sum()),
+            bytes_read=int(cnt[:, core.CNT_READ].sum()), bytes_written=int(cnt[:, core.CNT_WRITTEN].sum()),
+            per_device=per_device, per_allocation=per_allocation,
+            busiest_workgroup_instructions=int(by_cta.max()) if len(by_cta) else 0)
