@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up mono-jit on a fresh Debian 12 machine: Debian's lld-22 / llvm-22 (an ld.lld that links
 # code object v6) and the AMDGPU device bitcode, then a venv at .venv with mono-jit installed
-# editable with its build and test extras. Safe to run again.
+# editable with its build, test and emulate extras. Safe to run again.
 #
 # --with-vllm: also put vLLM 0.33.0 into the same venv, lean (its pure-Python dependencies from
 # scripts/vllm-lean-requirements.txt, then vLLM with --no-deps, then no triton), for the tests in
@@ -38,7 +38,7 @@ PY=${PYTHON:-python3}
 # torch first, pinned to the CPU build these machines carry: a bare "torch" would pull a CUDA
 # build of several GB. pyproject keeps torch unpinned for ROCm deployments.
 .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
-.venv/bin/pip install -q --disable-pip-version-check -e ".[build,test]"
+.venv/bin/pip install -q --disable-pip-version-check -e ".[build,test,emulate]"
 
 VLLM=0.33.0
 if [ "$with_vllm" = 1 ]; then

@@ -103,11 +103,19 @@ class K1Run:
         # differ by an ulp (0.4-0.8 %); where that flips an fp8 code of a GEMV input, a few
         # outputs move further. The mean error is held much tighter than the worst element, so a
         # wrong scale or a misplaced block (a few % on many outputs) cannot hide under the max.
-        checks = (("r", want.r, 1e-2, 1e-3), ("post", want.post, 1e-4, 1e-5), ("comb", want.comb, 1e-3, 1e-4),
-                  ("x_norm", want.x_norm, 2e-2, 2e-3), ("qr", want.qr, 3e-2, 3e-3), ("q", want.q, 3e-2, 3e-3))
-        for name, expected, worst, mean in checks:
+        # q's worst element is held against the reference fed the kernel's own S4 hand-off (its
+        # qr codes and scales): a qr code flipped at a rounding tie moves a few q outputs by more
+        # than 3 % without any error in S5 / S6, while the end-to-end mean bound still holds.
+        s = scratch(self)
+        q_raw = ref.fp8_gemv(s["qr_codes"][:m].cpu(), s["qr_scales"][:m].cpu(), self.w.w_qb, self.w.s_qb, ref.Q_LORA,
+                             self.w.qb_shuffled)
+        q_from_own_qr = ref.q_heads(q_raw, self.w.rope, step.positions)
+        checks = (("r", want.r, want.r, 1e-2, 1e-3), ("post", want.post, want.post, 1e-4, 1e-5),
+                  ("comb", want.comb, want.comb, 1e-3, 1e-4), ("x_norm", want.x_norm, want.x_norm, 2e-2, 2e-3),
+                  ("qr", want.qr, want.qr, 3e-2, 3e-3), ("q", q_from_own_qr, want.q, 3e-2, 3e-3))
+        for name, closest, expected, worst, mean in checks:
             actual = got[name][: expected.numel()].view(expected.shape).float()
-            close(actual, expected.float(), rtol=worst, atol=worst, msg=lambda text: f"{name}: {text}")
+            close(actual, closest.float(), rtol=worst, atol=worst, msg=lambda text: f"{name}: {text}")
             error = (actual - expected.float()).abs().mean().item()
             assert error <= mean, f"{name}: mean error {error:.2e} > {mean:.0e}"
         for name, out in got.items():
