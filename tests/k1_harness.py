@@ -103,15 +103,20 @@ class K1Run:
         # differ by an ulp (0.4-0.8 %); where that flips an fp8 code of a GEMV input, a few
         # outputs move further. The mean error is held much tighter than the worst element, so a
         # wrong scale or a misplaced block (a few % on many outputs) cannot hide under the max.
-        # q's worst element is held against the reference fed the kernel's own S4 hand-off (its
-        # qr codes and scales): a qr code flipped at a rounding tie moves a few q outputs by more
-        # than 3 % without any error in S5 / S6, while the end-to-end mean bound still holds.
+        # Where a stage's input is the kernel's own earlier output, a rounding tie there moves a
+        # few later outputs without any error in that stage, so those are held against the
+        # reference fed the kernel's own hand-off: post and comb against the gate of the kernel's
+        # R (2 of 28,672 bf16 values of R flipping at a tie move post by 1e-4), q's worst element
+        # against its own S4 qr codes and scales (a flipped qr code moves a few q outputs by more
+        # than 3 %), while q's mean bound stays end to end.
         s = scratch(self)
+        own_gate = ref.seam_gate(got["r"][: want.r.numel()].view(want.r.shape), self.w.hc_fn, self.w.hc_base,
+                                 self.w.hc_scale)
         q_raw = ref.fp8_gemv(s["qr_codes"][:m].cpu(), s["qr_scales"][:m].cpu(), self.w.w_qb, self.w.s_qb, ref.Q_LORA,
                              self.w.qb_shuffled)
         q_from_own_qr = ref.q_heads(q_raw, self.w.rope, step.positions)
-        checks = (("r", want.r, want.r, 1e-2, 1e-3), ("post", want.post, want.post, 1e-4, 1e-5),
-                  ("comb", want.comb, want.comb, 1e-3, 1e-4), ("x_norm", want.x_norm, want.x_norm, 2e-2, 2e-3),
+        checks = (("r", want.r, want.r, 1e-2, 1e-3), ("post", own_gate.post, own_gate.post, 1e-4, 1e-5),
+                  ("comb", own_gate.comb, own_gate.comb, 1e-3, 1e-4), ("x_norm", want.x_norm, want.x_norm, 2e-2, 2e-3),
                   ("qr", want.qr, want.qr, 3e-2, 3e-3), ("q", q_from_own_qr, want.q, 3e-2, 3e-3))
         for name, closest, expected, worst, mean in checks:
             actual = got[name][: expected.numel()].view(expected.shape).float()

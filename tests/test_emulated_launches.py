@@ -27,9 +27,10 @@ GRID = [Spec(8, ratio, 1024 if ratio == 4 else 8192, bucket) for ratio in (4, 12
 
 @pytest.fixture(scope="session")
 def emulator_cache(tmp_path_factory):
-    """Router, keytable and K1 at every default bucket, compiled once for the session."""
+    """Router and keytable over the default grid, compiled once for the session (K1's code
+    objects come from conftest's k1_cache, which the ISA gates share)."""
     root = tmp_path_factory.mktemp("emulated") / "cache"
-    summary, _ = prebuild([get("router"), get("keytable"), get("k1")], GRID, settings_at(root), jobs=2, timeout=1200)
+    summary, _ = prebuild([get("router"), get("keytable")], GRID, settings_at(root), jobs=2, timeout=1200)
     assert not summary.failed, summary.failed
     return root
 
@@ -79,8 +80,8 @@ def test_keytable_code_object_matches_reference(emulator_cache, spec):
     assert (slots[rows:] == -7).all()
 
 
-def _k1(emulator_cache, bucket: int, shuffled: bool = False, row_pad: int = 256) -> K1Run:
-    launch = emulated_launcher("k1", Spec(8, 4, 1024, bucket), emulator_cache)
+def _k1(k1_cache, bucket: int, shuffled: bool = False, row_pad: int = 256) -> K1Run:
+    launch = emulated_launcher("k1", Spec(8, 4, 1024, bucket), k1_cache)
     run = K1Run(bucket, random_weights(row_pad=row_pad), row_pad=row_pad, shuffled=shuffled, device="cpu",
                 launcher=launch)
     run.report = lambda: launch.backend.last_report  # type: ignore[attr-defined]
@@ -88,9 +89,9 @@ def _k1(emulator_cache, bucket: int, shuffled: bool = False, row_pad: int = 256)
 
 
 @pytest.mark.parametrize("bucket", STANDARD_MAX_TOKENS)
-def test_k1_code_object_matches_reference(emulator_cache, bucket):
+def test_k1_code_object_matches_reference(k1_cache, bucket):
     m = bucket if bucket < 8 else bucket - 3
-    run = _k1(emulator_cache, bucket, shuffled=bucket % 2 == 0)
+    run = _k1(k1_cache, bucket, shuffled=bucket % 2 == 0)
     step = run.set_step(m, seed=m, do_fold=int(bucket != 2))
     before = run.cache.clone()
     run.launch(step)
@@ -99,10 +100,10 @@ def test_k1_code_object_matches_reference(emulator_cache, bucket):
     assert run.report().mfma > 0
 
 
-def test_k1_code_object_with_other_row_counts_on_one_sync_area(emulator_cache):
+def test_k1_code_object_with_other_row_counts_on_one_sync_area(k1_cache):
     """Consecutive launches of one bucket with m = 6, 2, 8, 1 on the same sync area and scratch:
     each matches the reference, with no flag of the launch before read."""
-    run = _k1(emulator_cache, 8)
+    run = _k1(k1_cache, 8)
     for launch, m in enumerate((6, 2, 8, 1), start=1):
         step = run.set_step(m, seed=40 + m, do_fold=1)
         before = run.cache.clone()
@@ -111,24 +112,24 @@ def test_k1_code_object_with_other_row_counts_on_one_sync_area(emulator_cache):
         assert run.sync[:3].tolist() == [launch, 0, 0]
 
 
-def test_k1_code_object_traps_on_a_dirty_sync_area(emulator_cache):
+def test_k1_code_object_traps_on_a_dirty_sync_area(k1_cache):
     """An arrival counter left by a launch cut short makes K1 execute s_trap 2, which fails the
     launch as HIP would, naming the trap and where it was raised."""
-    run = _k1(emulator_cache, 4, row_pad=0)
+    run = _k1(k1_cache, 4, row_pad=0)
     step = run.set_step(3, seed=1, do_fold=1)
     run.sync[2] = 5
     with pytest.raises(EmulatorFault, match=r"s_trap 2 .*k1_kernel_0 on device 0, workgroup"):
         run.launch(step)
 
 
-def test_k1_code_object_nan_in_the_seam_makes_that_rows_codes_nan(emulator_cache):
+def test_k1_code_object_nan_in_the_seam_makes_that_rows_codes_nan(k1_cache):
     """One NaN in a row's residual: that row's MXFP8 activation bytes are all e4m3 NaN with code
     254 (as the reference gives), its outputs NaN, and the other rows still match."""
     from k1_harness import scratch
 
     from mono_jit.templates.k1 import reference as ref
 
-    run = _k1(emulator_cache, 4, row_pad=0)
+    run = _k1(k1_cache, 4, row_pad=0)
     step = run.set_step(3, seed=9, do_fold=1)
     step.residual[1, 2, 100] = float("nan")
     run.inputs[1][: step.residual.numel()].copy_(step.residual.flatten())

@@ -28,8 +28,8 @@ from .decode import (F_ABS, F_BASE, F_CLASS, F_DST, F_FLAGS, F_FORMAT, F_LIT, F_
                      F_OFFSET1, F_OP, F_OPSEL, F_OPSEL_HI, F_SCALE0, F_SCALE1, F_SDST, F_SEL0, F_SEL1, F_SEXT,
                      F_SOFF, F_SRC0, F_SRC1, F_SRC2, F_TARGET, FLAG_E64, FLAG_OFFEN, FLAG_SADDR_OFF, FLAG_SC0,
                      FLAG_SDWA, SEL_DWORD)
-from .mfma_layout import K_OF_BYTE, K_OF_NIBBLE
-from .numerics import (E2M1, cvt_i32, cvt_u32, e8m0, f32_exponent, f32_to_fp8, f32bits_to_bf16, fma32, fp8_to_f64,
+from .mfma_layout import E2M1, K_OF_BYTE, K_OF_NIBBLE
+from .numerics import (cvt_i32, cvt_u32, e8m0, f32_exponent, f32_to_fp8, f32bits_to_bf16, fma32, fp8_to_f64,
                        maximum, minimum)
 
 M32 = 0xFFFFFFFF

@@ -40,6 +40,8 @@ PIECE_K = {0: (0, 64), 1: (16, 80), 2: (32, 96), 3: (48, 112)}
 FP4_K = {0: 0, 1: 32, 2: 64, 3: 96}
 SCALE_BLOCK = {0: (0, 32), 1: (32, 64), 2: (64, 96), 3: (96, 128)}  # [first K, end K)
 RESULT_ROW = {(g, e): 4 * g + e for g in range(4) for e in range(4)}
+# fp4 (OCP e2m1) code -> value: codes 0-7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 is the sign.
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
 
 _LANES = range(64)
 # K of each lane byte (fp8), of each lane nibble (fp4: nibble 2 b + h is byte b's low (h = 0) or

@@ -9,7 +9,7 @@
   the largest e4m3 (448, rounding boundary 464) becomes NaN here, and so do inf and NaN. The
   kernels clamp to +-448 before converting (`templates/_numerics.py`), so they never reach that
   choice; it is the conservative reading (a kernel that forgot to clamp would show NaN).
-- fp4 is OCP e2m1: codes 0..7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6, bit 3 the sign (the MFMA model).
+- fp4 is OCP e2m1 (its value table is `mfma_layout.E2M1`, with the MFMA's operand layout).
 - E8M0 scale codes are 2^(code - 127); 255 is NaN (OCP MX specification).
 """
 
@@ -21,7 +21,6 @@ import numpy as np
 from numba import njit
 
 M32 = 0xFFFFFFFF
-E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
 
 
 @njit(cache=True)

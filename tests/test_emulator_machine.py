@@ -1,0 +1,313 @@
+"""The emulator on small assembled kernels (tests/asm_kernels.py): single instructions against
+answers computed here from AMD's ISA definitions with exact arithmetic, and the machine's
+behaviour (co-resident workgroups, buffer range checks, faults, traps, deadlock reports)."""
+
+from __future__ import annotations
+
+import struct
+from decimal import Decimal, getcontext
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+from asm_kernels import TOOLS_PRESENT, assemble
+
+pytest.importorskip("numba", reason="the emulator needs the emulate extra (numba, tinygrad)")
+pytest.importorskip("tinygrad", reason="the emulator needs the emulate extra (numba, tinygrad)")
+pytestmark = pytest.mark.skipif(not TOOLS_PRESENT, reason="needs llvm-22's llvm-mc and ld.lld (scripts/setup.sh)")
+
+from mono_jit.emulator import CodeObject, CodeObjectError, Deadlock, EmulatorFault, Machine  # noqa: E402
+
+LANES = 64
+
+OPS_BODY = """
+  s_load_dwordx2 s[4:5], s[0:1], 0x0
+  s_load_dwordx4 s[8:11], s[0:1], 0x8
+  v_lshlrev_b32 v1, 2, v0
+  v_mul_u32_u24 v3, 64, v0
+  s_waitcnt lgkmcnt(0)
+  global_load_dword v4, v1, s[4:5]
+  global_load_dword v5, v1, s[8:9]
+  s_waitcnt vmcnt(0)
+  s_mov_b32 s12, 0x7fffffff
+  v_add_u32 v6, s12, v4
+  global_store_dword v3, v6, s[10:11]
+  s_mov_b32 s12, 0x9e3779b9
+  v_mul_hi_u32 v6, v4, s12
+  global_store_dword v3, v6, s[10:11] offset:4
+  v_ashrrev_i32 v6, 3, v4
+  global_store_dword v3, v6, s[10:11] offset:8
+  v_bfe_i32 v6, v4, 4, 7
+  global_store_dword v3, v6, s[10:11] offset:12
+  s_mov_b32 s12, 0x0c050702
+  v_perm_b32 v6, v4, v5, s12
+  global_store_dword v3, v6, s[10:11] offset:16
+  v_cvt_f32_i32 v6, v4
+  global_store_dword v3, v6, s[10:11] offset:20
+  v_fma_f32 v6, v5, v5, 0.5
+  global_store_dword v3, v6, s[10:11] offset:24
+  v_exp_f32 v6, v5
+  global_store_dword v3, v6, s[10:11] offset:28
+  v_rcp_f32 v6, v5
+  global_store_dword v3, v6, s[10:11] offset:32
+  v_rsq_f32_e64 v6, |v5|
+  global_store_dword v3, v6, s[10:11] offset:36
+  v_mul_f32 v7, 4.0, v5
+  v_cvt_pk_bf16_f32 v6, v5, v7
+  global_store_dword v3, v6, s[10:11] offset:40
+  v_mov_b32 v6, 0
+  v_cvt_pk_fp8_f32 v6, v5, v7
+  global_store_dword v3, v6, s[10:11] offset:44
+  s_mov_b32 s12, 0x447a0000
+  v_mul_f32 v7, s12, v5
+  v_cvt_i32_f32 v6, v7
+  global_store_dword v3, v6, s[10:11] offset:48
+  s_movk_i32 s12, 100
+  v_med3_i32 v6, v4, -5, s12
+  global_store_dword v3, v6, s[10:11] offset:52
+  v_mbcnt_lo_u32_b32 v6, -1, 0
+  global_store_dword v3, v6, s[10:11] offset:56
+  ds_swizzle_b32 v6, v4 offset:swizzle(SWAP,8)
+  s_waitcnt lgkmcnt(0)
+  global_store_dword v3, v6, s[10:11] offset:60
+  s_endpgm
+"""
+RESULTS = 16
+
+# out[lane] = in[lane] + 3 over the kernarg pointers (in, out).
+COPY_BODY = """
+  s_load_dwordx4 s[4:7], s[0:1], 0x0
+  v_lshlrev_b32 v1, 2, v0
+  s_waitcnt lgkmcnt(0)
+  global_load_dword v2, v1, s[4:5]
+  s_waitcnt vmcnt(0)
+  v_add_u32 v2, 3, v2
+  global_store_dword v1, v2, s[6:7]
+  s_endpgm
+"""
+
+# Workgroup 1 raises flag[0] and waits for flag[1]; workgroup 0 waits for flag[0], then raises
+# flag[1]: finishes only if both are resident at once. With one workgroup it waits forever.
+HANDSHAKE_BODY = """
+  s_load_dwordx2 s[4:5], s[0:1], 0x0
+  v_mov_b32 v1, 0
+  v_mov_b32 v2, 1
+  s_waitcnt lgkmcnt(0)
+  s_cmp_eq_u32 s2, 0
+  s_cbranch_scc1 .Lfirst
+  global_store_dword v1, v2, s[4:5] sc0 sc1
+  s_mov_b32 s6, 4
+  s_branch .Lwait
+.Lfirst:
+  s_mov_b32 s6, 0
+.Lwait:
+  v_mov_b32 v3, s6
+  global_load_dword v4, v3, s[4:5] sc0 sc1
+  s_waitcnt vmcnt(0)
+  v_readfirstlane_b32 s7, v4
+  s_cmp_eq_u32 s7, 0
+  s_cbranch_scc0 .Lseen
+  s_sleep 1
+  s_branch .Lwait
+.Lseen:
+  s_cmp_eq_u32 s2, 0
+  s_cbranch_scc0 .Ldone
+  global_store_dword v1, v2, s[4:5] offset:4 sc0 sc1
+.Ldone:
+  s_endpgm
+"""
+
+# Raw buffer loads and stores through resources of the given byte extents (kernarg: in, out,
+# in_records, out_records): dword, sbyte and ubyte loads at lane * 4.
+BUFFER_BODY = """
+  s_load_dwordx4 s[4:7], s[0:1], 0x0
+  s_load_dwordx2 s[16:17], s[0:1], 0x10
+  v_lshlrev_b32 v1, 2, v0
+  s_waitcnt lgkmcnt(0)
+  s_mov_b32 s8, s4
+  s_and_b32 s9, s5, 0xffff
+  s_mov_b32 s10, s16
+  s_mov_b32 s11, 0x27000
+  s_mov_b32 s12, s6
+  s_and_b32 s13, s7, 0xffff
+  s_mov_b32 s14, s17
+  s_mov_b32 s15, 0x27000
+  buffer_load_dword v2, v1, s[8:11], 0 offen
+  buffer_load_sbyte v3, v1, s[8:11], 0 offen
+  buffer_load_ubyte v4, v1, s[8:11], 0 offen
+  s_waitcnt vmcnt(0)
+  v_mul_u32_u24 v5, 12, v0
+  buffer_store_dword v2, v5, s[12:15], 0 offen
+  buffer_store_dword v3, v5, s[12:15], 0 offen offset:4
+  buffer_store_dword v4, v5, s[12:15], 0 offen offset:8
+  s_endpgm
+"""
+
+
+def _code(body: str, **kw) -> CodeObject:
+    return CodeObject(assemble(body, **kw))
+
+
+def _round_f32(exact: Fraction) -> float:
+    """exact rounded to the nearest f32, ties to even (finite, normal results)."""
+    guess = np.float32(float(exact))
+    candidates = [np.nextafter(guess, np.float32(-np.inf)), guess, np.nextafter(guess, np.float32(np.inf))]
+    best = min(candidates, key=lambda c: (abs(Fraction(float(c)) - exact), int(c.view(np.uint32)) & 1))
+    return float(best)
+
+
+def _decimal(x: float) -> Decimal:
+    return Decimal(Fraction(x).numerator) / Decimal(Fraction(x).denominator)
+
+
+def _expected(i: np.ndarray, f: np.ndarray) -> np.ndarray:
+    """What each instruction of OPS_BODY computes (AMD CDNA4 ISA, the op's description)."""
+    getcontext().prec = 60
+    out = np.zeros((LANES, RESULTS), np.uint32)
+    u = i.view(np.uint32).astype(np.uint64)
+    f32 = lambda x: np.float32(x).view(np.uint32)  # noqa: E731
+    for lane in range(LANES):
+        iv, fv, uv = int(i[lane]), float(f[lane]), int(u[lane])
+        sel, pair = 0x0C050702, uv << 32 | int(f[lane:lane + 1].view(np.uint32)[0])
+        perm = 0
+        for k in range(4):
+            s = sel >> 8 * k & 0xFF
+            perm |= (pair >> 8 * s & 0xFF if s < 8 else 0) << 8 * k  # 12: the byte 0x00
+        field = (iv >> 4) & 0x7F
+        row = [
+            (uv + 0x7FFFFFFF) & 0xFFFFFFFF,
+            (uv * 0x9E3779B9) >> 32,
+            iv >> 3 & 0xFFFFFFFF,
+            (field - 0x80 if field & 0x40 else field) & 0xFFFFFFFF,
+            perm,
+            f32(iv),
+            f32(_round_f32(Fraction(fv) * Fraction(fv) + Fraction(1, 2))),
+            f32(_round_f32(Fraction((_decimal(fv) * Decimal(2).ln()).exp()))),
+            f32(_round_f32(1 / Fraction(fv))),
+            f32(_round_f32(Fraction(1 / _decimal(abs(fv)).sqrt()))),
+            (_bf16(fv) | _bf16(4 * fv) << 16),
+            (_e4m3(fv) | _e4m3(4 * fv) << 8),
+            int(np.float32(_round_f32(Fraction(fv) * 1000))) & 0xFFFFFFFF,
+            min(max(iv, -5), 100) & 0xFFFFFFFF,
+            min(lane, 32),
+            int(u[lane ^ 8]),
+        ]
+        out[lane] = row
+    return out
+
+
+def _bf16(x: float) -> int:
+    return int(torch.tensor([x]).to(torch.bfloat16).view(torch.int16).item()) & 0xFFFF
+
+
+def _e4m3(x: float) -> int:
+    return int(torch.tensor([x]).to(torch.float8_e4m3fn).view(torch.uint8).item())
+
+
+def test_single_instructions_give_the_isas_answers():
+    """Integer, bit-field, byte-permute, conversion (f32, bf16, fp8 e4m3 with round to nearest
+    even), fused multiply-add, transcendentals correctly rounded, lane count and swizzle."""
+    g = torch.Generator().manual_seed(3)
+    i = torch.randint(-2**31, 2**31 - 1, (LANES,), generator=g, dtype=torch.int64).to(torch.int32)
+    magnitude = torch.rand(LANES, generator=g) * 3.75 + 0.25
+    f = torch.where(torch.rand(LANES, generator=g) < 0.5, -magnitude, magnitude)
+    out = torch.zeros(LANES * RESULTS, dtype=torch.int32)
+    machine = Machine()
+    machine.register(i, "i", writable=False)
+    machine.register(f, "f", writable=False)
+    machine.register(out, "out")
+    machine.launch(_code(OPS_BODY), (1, 1, 1), (LANES, 1, 1), struct.pack("<QQQ", i.data_ptr(), f.data_ptr(),
+                                                                            out.data_ptr()))
+    got = out.numpy().view(np.uint32).reshape(LANES, RESULTS)
+    want = _expected(i.numpy(), f.numpy())
+    names = ("add_u32", "mul_hi_u32", "ashrrev_i32", "bfe_i32", "perm_b32", "cvt_f32_i32", "fma_f32", "exp_f32",
+             "rcp_f32", "rsq_f32", "cvt_pk_bf16_f32", "cvt_pk_fp8_f32", "cvt_i32_f32", "med3_i32", "mbcnt_lo",
+             "ds_swizzle")
+    wrong = [f"{names[k]} lane {lane}: {got[lane, k]:#010x}, the ISA gives {want[lane, k]:#010x}"
+             for k in range(RESULTS) for lane in range(LANES) if got[lane, k] != want[lane, k]]
+    assert not wrong, "\n".join(wrong[:20])
+
+
+def test_workgroups_are_co_resident_and_wait_on_each_other():
+    flags = torch.zeros(2, dtype=torch.int32)
+    machine = Machine()
+    machine.register(flags, "flags")
+    report = machine.launch(_code(HANDSHAKE_BODY), (2, 1, 1), (64, 1, 1), struct.pack("<Q", flags.data_ptr()))
+    assert flags.tolist() == [1, 1]
+    assert report.polls > 0
+
+
+def test_a_wave_spinning_on_memory_nobody_writes_is_reported_not_hung():
+    flags = torch.zeros(2, dtype=torch.int32)
+    machine = Machine()
+    machine.register(flags, "flags")
+    with pytest.raises(Deadlock) as error:
+        machine.launch(_code(HANDSHAKE_BODY), (1, 1, 1), (64, 1, 1), struct.pack("<Q", flags.data_ptr()))
+    text = str(error.value)
+    assert "workgroup (0, 0, 0) wave 0: polling at pc" in text, text
+    assert f"last load {flags.data_ptr():#x} = 0x0 (inside 'flags'" in text, text
+
+
+def test_buffer_loads_past_the_extent_give_zero_and_stores_past_it_are_dropped():
+    """Raw buffers check each dword against num_records (offset + size > records: the load
+    gives 0, the store is dropped); sbyte sign-extends, ubyte zero-extends."""
+    source = torch.tensor([0x12345690 + lane for lane in range(LANES)], dtype=torch.int64).to(torch.int32)
+    out = torch.full((LANES * 3,), -1, dtype=torch.int32)
+    machine = Machine()
+    machine.register(source, "in", writable=False)
+    machine.register(out, "out")
+    kernarg = struct.pack("<QQII", source.data_ptr(), out.data_ptr(), 10 * 4, 50 * 12)
+    machine.launch(_code(BUFFER_BODY), (1, 1, 1), (LANES, 1, 1), kernarg)
+    rows = out.view(LANES, 3)
+    for lane in range(LANES):
+        if lane >= 50:
+            assert rows[lane].tolist() == [-1, -1, -1], f"lane {lane}: a store past the extent was written"
+        elif lane >= 10:
+            assert rows[lane].tolist() == [0, 0, 0], f"lane {lane}: a load past the extent was not 0"
+        else:
+            low = (0x90 + lane) & 0xFF
+            assert rows[lane].tolist() == [0x12345690 + lane, low - 256 if low & 0x80 else low, low]
+
+
+def test_an_access_outside_every_allocation_fails_with_where_it_happened():
+    source = np.arange(1024, dtype=np.int32)
+    out = torch.zeros(LANES, dtype=torch.int32)
+    machine = Machine()
+    machine.register(source[:16], "in")  # the kernel reads 64; the rest of the array is nobody's
+    machine.register(out, "out")
+    with pytest.raises(EmulatorFault) as error:
+        machine.launch(_code(COPY_BODY), (1, 1, 1), (LANES, 1, 1), struct.pack("<QQ", source.ctypes.data,
+                                                                              out.data_ptr()))
+    text = str(error.value)
+    assert "GLOBAL_LOAD_DWORD" in text and "lane 16" in text and "0 bytes past the end of 'in'" in text, text
+    assert f"{source.ctypes.data + 64:#x}" in text
+    assert out.eq(0).all(), "the faulting launch stored nothing"
+
+
+def test_a_write_into_a_weight_fails():
+    source = torch.arange(LANES, dtype=torch.int32)
+    weight = torch.zeros(LANES, dtype=torch.int32)
+    machine = Machine()
+    machine.register(source, "in")
+    machine.register(weight, "w_qkv", writable=False)
+    with pytest.raises(EmulatorFault, match=r"write into read-only memory at 0x[0-9a-f]+, inside 'w_qkv' .*GLOBAL_STORE_DWORD\), lane 0"):
+        machine.launch(_code(COPY_BODY), (1, 1, 1), (LANES, 1, 1), struct.pack("<QQ", source.data_ptr(),
+                                                                              weight.data_ptr()))
+    assert weight.eq(0).all()
+
+
+def test_s_trap_fails_the_launch_as_hip_would():
+    with pytest.raises(EmulatorFault, match=r"s_trap 2 .*: k on device 0, workgroup \(0, 0, 0\) wave 0, pc 0x[0-9a-f]+ \(S_TRAP\)"):
+        Machine().launch(_code("  s_trap 2\n  s_endpgm"), (1, 1, 1), (64, 1, 1), b"")
+
+
+def test_an_unaligned_lds_access_fails():
+    body = "  v_mov_b32 v1, 2\n  ds_read_b32 v2, v1\n  s_waitcnt lgkmcnt(0)\n  s_endpgm"
+    with pytest.raises(EmulatorFault, match=r"DS_READ_B32"):
+        Machine().launch(_code(body, lds=256), (1, 1, 1), (64, 1, 1), b"")
+
+
+def test_a_code_object_that_flushes_f32_denormals_is_refused():
+    with pytest.raises(CodeObjectError, match="float mode 0xc0 is not emulated"):
+        _code("  s_endpgm", denorm32=0)
