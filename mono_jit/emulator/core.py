@@ -111,6 +111,10 @@ def read(S, V, T, w, code, lit, row, hi):
 
 @njit(cache=True)
 def write(V, T, w, dst, row, ex):
+    if ex == -1:
+        for lane in range(64):
+            V[w, dst, lane] = T[row, lane]
+        return
     for lane in range(64):
         if ex >> lane & 1:
             V[w, dst, lane] = T[row, lane]
@@ -288,6 +292,7 @@ def vmem(P, i, w, S, V, T, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, d, ex, op):
         records = np.int64(S[w, r + 2])
         soffset = sval(S, w, P[i, F_SOFF], 0, False)
     hint = -1
+    mem, touched, weight = BUFS[0], TOUCH[0], 0
     stored = False
     for lane in range(64):
         if not ex >> lane & 1:
@@ -342,21 +347,33 @@ def vmem(P, i, w, S, V, T, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, d, ex, op):
             k = find(ALLOC, at, size, hint)
             if k < 0:
                 return fault(CTL, FAULT_UNMAPPED, w, i, lane, at, nbytes, 0)
-            hint = k
+            if k != hint:  # the allocation's bytes, fetched from the list once per allocation
+                hint, mem, weight = k, BUFS[k], ALLOC[k, 2] & 2
+                if weight:
+                    touched = TOUCH[k]
+            off = at - ALLOC[k, 0]
             if storing:
                 if not ALLOC[k, 2] & 1:
                     return fault(CTL, FAULT_READ_ONLY, w, i, lane, at, nbytes, 0)
-                store(BUFS, ALLOC, k, at, size, np.int64(V[w, data + part, lane]))
+                value = np.int64(V[w, data + part, lane])
+                for byte in range(size):
+                    mem[off + byte] = value >> (8 * byte) & 0xFF
                 ABYTES[k, 2 * kind + 1] += size
                 CNT[d, CNT_WRITTEN] += size
                 stored = True
             else:
-                v = load(BUFS, ALLOC, k, at, size)
+                v = np.int64(mem[off])
+                if size > 1:
+                    v |= np.int64(mem[off + 1]) << 8
+                if size > 2:
+                    v |= np.int64(mem[off + 2]) << 16 | np.int64(mem[off + 3]) << 24
                 if signed:
                     v = (v - (1 << (8 * size)) if v >> (8 * size - 1) & 1 else v) & M32
                 V[w, dst + part, lane] = v
                 WS[w, WS_POLL] = at
-                touch(TOUCH, ALLOC, k, at, size)
+                if weight:  # the 4-byte granules the read reached
+                    touched[off >> 2] = 1
+                    touched[(off + size - 1) >> 2] = 1
                 ABYTES[k, 2 * kind] += size
                 CNT[d, CNT_READ] += size
     if stored:
@@ -762,6 +779,111 @@ def div_fixup(s0, s1, s2, b1, b2):
 
 
 @njit(cache=True, error_model="numpy")
+def common_valu(op, T, TF, select):
+    """The most frequent plain operations of our kernels, one loop over the lanes each (which
+    LLVM vectorises), result in T[3]; False for every other operation. Semantics as in `valu`'s
+    per-lane table below (CDNA4 ISA pseudocode of each op)."""
+    if op == O.OP_V_MOV_B32:
+        for lane in range(64):
+            T[3, lane] = T[0, lane]
+    elif op == O.OP_V_ADD_F32:
+        for lane in range(64):
+            TF[3, lane] = TF[0, lane] + TF[1, lane]
+    elif op == O.OP_V_SUB_F32:
+        for lane in range(64):
+            TF[3, lane] = TF[0, lane] - TF[1, lane]
+    elif op == O.OP_V_MUL_F32:
+        for lane in range(64):
+            TF[3, lane] = TF[0, lane] * TF[1, lane]
+    elif op == O.OP_V_FMA_F32 or op == O.OP_V_FMAC_F32:
+        for lane in range(64):
+            TF[3, lane] = np.float32(np.float64(TF[0, lane]) * np.float64(TF[1, lane]) + np.float64(TF[2, lane]))
+    elif op == O.OP_V_ADD_U32:
+        for lane in range(64):
+            T[3, lane] = T[0, lane] + T[1, lane]
+    elif op == O.OP_V_SUB_U32:
+        for lane in range(64):
+            T[3, lane] = T[0, lane] - T[1, lane]
+    elif op == O.OP_V_AND_B32:
+        for lane in range(64):
+            T[3, lane] = T[0, lane] & T[1, lane]
+    elif op == O.OP_V_OR_B32:
+        for lane in range(64):
+            T[3, lane] = T[0, lane] | T[1, lane]
+    elif op == O.OP_V_XOR_B32:
+        for lane in range(64):
+            T[3, lane] = T[0, lane] ^ T[1, lane]
+    elif op == O.OP_V_LSHLREV_B32:
+        for lane in range(64):
+            T[3, lane] = T[1, lane] << (T[0, lane] & np.uint32(31))
+    elif op == O.OP_V_LSHRREV_B32:
+        for lane in range(64):
+            T[3, lane] = T[1, lane] >> (T[0, lane] & np.uint32(31))
+    elif op == O.OP_V_ASHRREV_I32:
+        TI = T.view(np.int32)
+        for lane in range(64):
+            TI[3, lane] = TI[1, lane] >> (TI[0, lane] & 31)
+    elif op == O.OP_V_CNDMASK_B32:
+        for lane in range(64):
+            T[3, lane] = T[1, lane] if select >> lane & 1 else T[0, lane]
+    elif op == O.OP_V_LSHL_ADD_U32:
+        for lane in range(64):
+            T[3, lane] = (T[0, lane] << (T[1, lane] & np.uint32(31))) + T[2, lane]
+    elif op == O.OP_V_ADD_LSHL_U32:
+        for lane in range(64):
+            T[3, lane] = (T[0, lane] + T[1, lane]) << (T[2, lane] & np.uint32(31))
+    elif op == O.OP_V_LSHL_OR_B32:
+        for lane in range(64):
+            T[3, lane] = (T[0, lane] << (T[1, lane] & np.uint32(31))) | T[2, lane]
+    elif op == O.OP_V_ADD3_U32:
+        for lane in range(64):
+            T[3, lane] = T[0, lane] + T[1, lane] + T[2, lane]
+    elif op == O.OP_V_MUL_U32_U24:
+        for lane in range(64):
+            T[3, lane] = (T[0, lane] & np.uint32(0xFFFFFF)) * (T[1, lane] & np.uint32(0xFFFFFF))
+    else:
+        return False
+    return True
+
+
+@njit(cache=True, error_model="numpy")
+def packed_f32(P, i, w, S, V, T, TF, ex, op):
+    """V_PK_ADD_F32 / V_PK_MUL_F32 / V_PK_FMA_F32: two f32 lanes a register pair. Each source's
+    low and high result take its low or high dword by OP_SEL / OP_SEL_HI, negated by NEG /
+    NEG_HI (CDNA4 ISA, VOP3P); a constant's high dword is 0. Rows: 0-2 the low dwords (read),
+    5-7 the high ones; the picked operands go to X (lo 0-2, hi 3-5)."""
+    sources = (P[i, F_SRC0], P[i, F_SRC1], P[i, F_SRC2])
+    opsel, opsel_hi, neg_lo, neg_hi = P[i, F_OPSEL], P[i, F_OPSEL_HI], P[i, F_NEG], P[i, F_NEG_HI]
+    X = np.empty((6, 64), np.uint32)
+    for k in range(3):
+        code = sources[k]
+        for lane in range(64):
+            T[5 + k, lane] = V[w, code - 256 + 1, lane] if code >= 256 else (S[w, code + 1] if code < 128 else 0)
+        row_lo, row_hi = (5 + k if opsel >> k & 1 else k), (5 + k if opsel_hi >> k & 1 else k)
+        mask_lo = np.uint32(0x80000000) if neg_lo >> k & 1 else np.uint32(0)
+        mask_hi = np.uint32(0x80000000) if neg_hi >> k & 1 else np.uint32(0)
+        for lane in range(64):
+            X[k, lane] = T[row_lo, lane] ^ mask_lo
+            X[3 + k, lane] = T[row_hi, lane] ^ mask_hi
+    XF = X.view(np.float32)
+    for half in range(2):
+        a, b, c = 3 * half, 3 * half + 1, 3 * half + 2
+        if op == O.OP_V_PK_ADD_F32:
+            for lane in range(64):
+                TF[3 + half, lane] = XF[a, lane] + XF[b, lane]
+        elif op == O.OP_V_PK_MUL_F32:
+            for lane in range(64):
+                TF[3 + half, lane] = XF[a, lane] * XF[b, lane]
+        else:
+            for lane in range(64):
+                TF[3 + half, lane] = np.float32(np.float64(XF[a, lane]) * np.float64(XF[b, lane])
+                                                + np.float64(XF[c, lane]))
+    dst = P[i, F_DST]
+    write(V, T, w, dst, 3, ex)
+    write(V, T, w, dst + 1, 4, ex)
+
+
+@njit(cache=True, error_model="numpy")
 def valu(P, i, w, S, V, T, TF, ex, op):
     """Every VOP1 / VOP2 / VOP3 / VOP3SD / VOPC / VOP3P operation except the cross-lane ones."""
     lit, dst = P[i, F_LIT], P[i, F_DST]
@@ -774,9 +896,15 @@ def valu(P, i, w, S, V, T, TF, ex, op):
         sdwa_select(T, 0, P[i, F_SEL0], P[i, F_SEXT] & 1)
         sdwa_select(T, 1, P[i, F_SEL1], P[i, F_SEXT] >> 1 & 1)
     neg, ab = P[i, F_NEG], P[i, F_ABS]
-    if (neg | ab) and op != O.OP_V_PK_ADD_F32 and op != O.OP_V_PK_MUL_F32 and op != O.OP_V_PK_FMA_F32:
+    if (neg | ab) and P[i, F_CLASS] != O.PACKED:
         for r in range(3):
             float_modifiers(T, r, neg >> r & 1, ab >> r & 1)
+    if op == O.OP_V_PK_ADD_F32 or op == O.OP_V_PK_MUL_F32 or op == O.OP_V_PK_FMA_F32:
+        packed_f32(P, i, w, S, V, T, TF, ex, op)
+        return
+    if P[i, F_SDST] == 0 and common_valu(op, T, TF, sval(S, w, s2, 0, True) if s2 < 256 else 0):
+        write(V, T, w, dst, 3, ex)
+        return
     # Compares: the lane bits of active lanes (inactive lanes read 0) into an SGPR pair.
     if op >= O.OP_V_CMP_EQ_F32 and op <= O.OP_V_CMP_NE_U64:
         wide = op == O.OP_V_CMP_EQ_U64 or op == O.OP_V_CMP_NE_U64
@@ -1018,33 +1146,6 @@ def valu(P, i, w, S, V, T, TF, ex, op):
             half = a & 0xFFFF  # an SDWA WORD_1 select already moved the high half down
             TF[3, lane] = np.float32(fp8_to_f64(half & 0xFF))
             TF[4, lane] = np.float32(fp8_to_f64(half >> 8))
-            continue
-        elif op == O.OP_V_PK_ADD_F32 or op == O.OP_V_PK_MUL_F32 or op == O.OP_V_PK_FMA_F32:
-            two = True
-            opsel, opsel_hi, neg_lo, neg_hi = P[i, F_OPSEL], P[i, F_OPSEL_HI], neg, P[i, F_NEG_HI]
-            lo = np.zeros(3, np.float32)
-            hi = np.zeros(3, np.float32)
-            for k in range(3):
-                code = s0 if k == 0 else s1 if k == 1 else s2
-                low_bits = np.int64(T[k, lane])
-                if code >= 256:
-                    high_bits = np.int64(V[w, code - 256 + 1, lane])
-                elif code < 128:
-                    high_bits = np.int64(S[w, code + 1])
-                else:
-                    high_bits = 0
-                pick_lo = high_bits if opsel >> k & 1 else low_bits
-                pick_hi = high_bits if opsel_hi >> k & 1 else low_bits
-                T[5, lane] = pick_lo ^ (0x80000000 if neg_lo >> k & 1 else 0)
-                lo[k] = TF[5, lane]
-                T[5, lane] = pick_hi ^ (0x80000000 if neg_hi >> k & 1 else 0)
-                hi[k] = TF[5, lane]
-            if op == O.OP_V_PK_ADD_F32:
-                TF[3, lane], TF[4, lane] = lo[0] + lo[1], hi[0] + hi[1]
-            elif op == O.OP_V_PK_MUL_F32:
-                TF[3, lane], TF[4, lane] = lo[0] * lo[1], hi[0] * hi[1]
-            else:
-                TF[3, lane], TF[4, lane] = fma32(lo[0], lo[1], lo[2]), fma32(hi[0], hi[1], hi[2])
             continue
         if is_float:
             TF[3, lane] = f
