@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from k1_inputs import random_activations, random_weights
+from mono_jit.selfcheck.k1_world import random_activations, random_weights
 
 from mono_jit.runtime.weights import AttnWeights, MonoLayerWeights
 from mono_jit.templates.k1 import reference as ref

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
-from k1_inputs import rope_table
+from mono_jit.selfcheck.k1_world import rope_table
 
 from mono_jit.templates.k1 import reference as k1
 from mono_jit.templates.k2 import reference as ref

@@ -5,7 +5,7 @@ tests/test_gpu_runtime.py launches through the runner's ctypes HIP backend."""
 import pytest
 import torch
 from k1_harness import K1Run, check_stage, prepare_stage
-from k1_inputs import random_weights
+from mono_jit.selfcheck.k1_world import random_weights
 
 from mono_jit.spec import Spec
 from mono_jit.templates import get

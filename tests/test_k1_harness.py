@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from k1_harness import BLOCK, H, PAGE_STRIDE, K1Run, check_stage, prepare_stage, scratch
-from k1_inputs import random_weights
+from mono_jit.selfcheck.k1_world import random_weights
 
 from mono_jit.spec import Spec
 from mono_jit.templates import get

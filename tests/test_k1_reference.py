@@ -9,7 +9,7 @@ from fractions import Fraction
 
 import pytest
 import torch
-from k1_inputs import random_activations, random_weights
+from mono_jit.selfcheck.k1_world import random_activations, random_weights
 
 from mono_jit.spec import Spec
 from mono_jit.templates.k1 import reference as ref

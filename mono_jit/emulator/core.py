@@ -424,14 +424,18 @@ def lds_op(P, i, w, V, T, LDS, CTA, CNT, CTL, c, d, ex, op):
     limit = CTA[c, 3]
     if op == O.OP_DS_SWIZZLE_B32:
         # Bit-mask mode (offset bit 15 clear): within each 32 lanes, source lane =
-        # ((lane & and_mask) | or_mask) ^ xor_mask, masks at offset bits 0-4, 5-9, 10-14. The
-        # swizzled VGPR is the instruction's ADDR field. Reads of inactive lanes give 0.
+        # ((lane & and_mask) | or_mask) ^ xor_mask, masks at offset bits 0-4, 5-9, 10-14.
+        # Quad-permute mode (bit 15 set): lane j of each 4 takes lane offset[2 (j % 4) + 1 :
+        # 2 (j % 4)] of its quad. (AMD Vega / CDNA ISA, DS_SWIZZLE_B32 "offset" modes; LLVM
+        # SIDefines.h Swizzle::QUAD_PERM_ENC = 0x8000, BITMASK_PERM_ENC = 0.) The swizzled VGPR
+        # is the instruction's ADDR field. Reads of inactive lanes give 0.
         pattern = off0 | off1 << 8
-        if pattern & 0x8000:
-            return fault(CTL, FAULT_OPERAND, w, i, -1, pattern, 0, 2)  # quad-permute mode: not in our kernels
         and_mask, or_mask, xor_mask = pattern & 0x1F, pattern >> 5 & 0x1F, pattern >> 10 & 0x1F
         for lane in range(64):
-            src = (lane & 0x20) | (((lane & and_mask) | or_mask) ^ xor_mask)
+            if pattern & 0x8000:
+                src = (lane & ~3) | (pattern >> (2 * (lane & 3)) & 3)
+            else:
+                src = (lane & 0x20) | (((lane & and_mask) | or_mask) ^ xor_mask)
             T[3, lane] = V[w, addr, src] if ex >> src & 1 else 0
         write(V, T, w, dst, 3, ex)
         return NO_FAULT
@@ -945,6 +949,8 @@ def valu(P, i, w, S, V, T, TF, ex, op):
             f, is_float = np.float32(a), True
         elif op == O.OP_V_CVT_F32_I32:
             f, is_float = np.float32(sext32(a)), True
+        elif op >= O.OP_V_CVT_F32_UBYTE0 and op <= O.OP_V_CVT_F32_UBYTE3:  # byte n of S0, unsigned
+            f, is_float = np.float32(a >> (8 * (op - O.OP_V_CVT_F32_UBYTE0)) & 0xFF), True
         elif op == O.OP_V_CVT_U32_F32:
             r = cvt_u32(fa)
         elif op == O.OP_V_CVT_I32_F32:

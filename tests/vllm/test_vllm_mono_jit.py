@@ -17,7 +17,7 @@ import pytest
 import torch
 from cpu_vllm import HCA_WIDTH, RUNNER, make_step, mark_fallback, stub_weights
 from hook_inputs import layer_weights
-from k1_inputs import random_activations, random_weights
+from mono_jit.selfcheck.k1_world import random_activations, random_weights
 
 from mono_jit.runtime.backends import ReferenceBackend
 from mono_jit.runtime.hip import mapped_library

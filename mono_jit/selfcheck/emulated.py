@@ -1,27 +1,26 @@
-"""Launching the cached code objects on the emulated gfx950 through mono-jit's own runtime: the
-entry is resolved from a cache (compiled on a miss), loaded by the emulator backend and launched
-with the kernarg bytes `runtime/kernargs.pack` makes, exactly as the runner launches on HIP."""
+"""Launching a cached code object on an emulated gfx950 through mono-jit's own runtime: the entry
+is resolved from a cache (compiled on a miss), loaded by the emulator backend and launched with
+the kernarg bytes `runtime/kernargs.pack` makes, exactly as the runner launches on HIP."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from cache_settings import settings_at
 
-from mono_jit.resolve import resolve
-from mono_jit.runtime.backends import EmulatorBackend
-from mono_jit.spec import Spec
-from mono_jit.templates import get
+from ..config import Settings
+from ..resolve import resolve
+from ..runtime.backends import EmulatorBackend
+from ..spec import Spec
+from ..templates import get
 
 
-def emulated_launcher(template: str, spec: Spec, cache_root: Path,
+def emulated_launcher(template: str, spec: Spec, settings: Settings,
                       backend: EmulatorBackend | None = None) -> Callable[..., Any]:
     """A launcher taking the template's arguments in declaration order (like FlyDSL's) that runs
     the cached code object on an emulated device; `.backend.last_report` holds the counters."""
     tpl = get(template)
-    resolved = resolve(tpl, spec, settings=settings_at(cache_root))
+    resolved = resolve(tpl, spec, settings=settings)
     backend = backend or EmulatorBackend()
     kernel = backend.load(tpl, spec, resolved.meta, resolved.hsaco)
     declared = tpl.arguments(spec)

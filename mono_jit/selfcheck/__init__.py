@@ -1,0 +1,86 @@
+"""`mono-jit selftest --emulate`: every selected kernel of the cache run on an emulated gfx950
+with seeded inputs, against its torch reference, so that a build machine with no GPU checks an
+image's kernels before it ships. The same worlds and comparisons drive the test suite."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Iterable
+
+from ..config import Settings
+from ..errors import MonoJitError
+from ..spec import Spec
+from ..templates import get
+
+EMULATED_TEMPLATES = ("router", "keytable", "k1")  # K2 needs 8 emulated ranks: not in selftest yet
+
+
+@dataclass
+class KernelCheck:
+    """One kernel's emulated launch against its reference."""
+
+    template: str
+    spec: dict[str, Any]
+    ok: bool
+    error: float | None  # the case's figure of merit (see `measure`), None if it did not run
+    bound: float | None
+    measure: str
+    problem: str | None  # why it failed, None when ok
+    wave_instructions: int
+    bytes_read: int
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def check_kernels(templates: Iterable[str], specs: Iterable[Spec], settings: Settings, seed: int = 0,
+                  progress: Callable[[str], None] | None = None) -> list[KernelCheck]:
+    """Each distinct (template, spec) of the selection, resolved from the cache and launched on
+    the emulator against its reference; a failure is recorded, never raised."""
+    from .cases import CASES
+    from .emulated import emulated_launcher
+
+    names, specs = list(templates), list(specs)
+    unknown = [n for n in names if n not in EMULATED_TEMPLATES]
+    if unknown:
+        raise MonoJitError(f"--emulate runs {', '.join(EMULATED_TEMPLATES)}; not {', '.join(unknown)} (K2 needs "
+                           "8 emulated ranks, which selftest does not run yet)")
+    results = []
+    for name in names:
+        tpl, seen = get(name), set()
+        for spec in specs:
+            key = repr(sorted(tpl.key_spec(spec).items()))
+            if key in seen:
+                continue
+            seen.add(key)
+            if progress:
+                progress(f"{name} {spec.label()}")
+            results.append(_one(name, spec, settings, seed, CASES[name], emulated_launcher))
+    return results
+
+
+def _one(name: str, spec: Spec, settings: Settings, seed: int, case, emulated_launcher) -> KernelCheck:
+    start = time.perf_counter()
+    error = bound = None
+    measure, problem, launch = "", None, None
+    try:
+        launch = emulated_launcher(name, spec, settings)
+        result = case(spec, launch, seed)
+        error, bound, measure = result.error, result.bound, result.what
+    except AssertionError as mismatch:
+        problem = _summary(mismatch) or "an output differs from the reference"
+    except MonoJitError as failure:
+        problem = str(failure)
+    except Exception as failure:  # an emulator fault, deadlock or refusal: the kernel did not run right
+        problem = f"{type(failure).__name__}: {failure}"
+    report = getattr(getattr(launch, "backend", None), "last_report", None)  # the launch ran, even if it disagreed
+    return KernelCheck(name, spec.as_dict(), problem is None, error, bound, measure, problem,
+                       report.wave_instructions if report else 0, report.bytes_read if report else 0,
+                       round(time.perf_counter() - start, 3))
+
+
+def _summary(mismatch: AssertionError) -> str:
+    """torch's multi-line comparison message as one line."""
+    return "; ".join(line.strip() for line in str(mismatch).splitlines() if line.strip())

@@ -1,0 +1,97 @@
+"""One seeded case per template: inputs, a launch of the cached code object, and the comparison
+with the template's torch reference. Each returns its figure of merit and the bound it is held
+to, or raises Mismatch (or AssertionError from torch's comparison) naming what disagreed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from ..spec import Spec
+from ..templates.keytable.reference import key_table
+from ..templates.router.reference import route
+from .k1_world import K1Run, Mismatch, random_weights
+
+Launcher = Callable[..., Any]
+H = 7168
+
+
+@dataclass(frozen=True)
+class Measure:
+    """What a case measured: `error` (its figure of merit) against `bound`, and what it is."""
+
+    error: float
+    bound: float
+    what: str
+
+
+def router_case(spec: Spec, launch: Launcher, seed: int) -> Measure:
+    """m = bucket - 1 rows (hash routing on odd buckets): ids and weights against `route`."""
+    bucket = spec.max_tokens
+    rows, use_hash = max(1, bucket - 1), bucket % 2
+    g = torch.Generator().manual_seed(seed + bucket)
+    x = torch.randn(bucket, H, generator=g).to(torch.bfloat16)
+    gate = (torch.randn(384, H, generator=g) * 0.02).to(torch.bfloat16)
+    bias = torch.randn(384, generator=g) * 0.05
+    hash_ids = torch.randint(0, 384, (bucket, 6), generator=g, dtype=torch.int32)
+    ids = torch.full((bucket, 6), -7, dtype=torch.int32)
+    weights = torch.zeros(bucket, 6)
+    launch(x.flatten(), gate.flatten(), bias, hash_ids.flatten(), ids.view(-1), weights.view(-1), rows, use_hash)
+    ref_ids, ref_w = route(x[:rows], gate, bias, hash_ids[:rows] if use_hash else None)
+    if not (ids[rows:] == -7).all():
+        raise Mismatch("rows past m were written")
+    # Logit sums run in another order than torch's: ids may swap only on near-ties.
+    swapped = 1.0 - (ids[:rows] == ref_ids).float().mean().item()
+    if swapped > 0.01:
+        raise Mismatch(f"{swapped:.1%} of the expert ids differ from the reference (at most 1 % may swap on ties)")
+    torch.testing.assert_close(weights[:rows].sum(-1), torch.full((rows,), 2.5), rtol=1e-4, atol=1e-4)
+    match = ids[:rows] == ref_ids
+    torch.testing.assert_close(weights[:rows][match], ref_w[match], rtol=2e-3, atol=2e-4)
+    return Measure(swapped, 0.01, "fraction of expert ids swapped")
+
+
+def keytable_case(spec: Spec, launch: Launcher, seed: int) -> Measure:
+    """m = bucket - 1 rows of SWA and top-k indices: slots and lengths exactly as `key_table`."""
+    bucket, width, per_page = spec.max_tokens, spec.topk_width, 64
+    rows = max(1, bucket - 1)
+    g = torch.Generator().manual_seed(seed + spec.ratio + bucket)
+    swa = torch.randint(-1, 5000, (bucket, 128), generator=g, dtype=torch.int32)
+    lens = torch.randint(0, 129, (bucket,), generator=g, dtype=torch.int32)
+    lens[0] = 128
+    limit = 3 * per_page if spec.ratio == 4 else 100000
+    topk = torch.randint(-1, limit, (bucket, width), generator=g, dtype=torch.int32)
+    req = torch.randint(0, 2, (bucket,), generator=g, dtype=torch.int32)
+    table = torch.randint(0, 1000, (2, 3), generator=g, dtype=torch.int32)
+    slots = torch.full((bucket, width + 128), -7, dtype=torch.int32)
+    out_lens = torch.full((bucket,), -7, dtype=torch.int32)
+    launch(swa.flatten(), lens, req, topk.flatten(), table.flatten(), slots.view(-1), out_lens, rows, table.shape[1],
+           per_page)
+    ref_slots, ref_lens = key_table(swa[:rows], lens[:rows], topk[:rows], spec.ratio, req[:rows], table, per_page)
+    wrong = int((slots[:rows] != ref_slots).sum()) + int((out_lens[:rows] != ref_lens).sum())
+    if wrong:
+        raise Mismatch(f"{wrong} slots or lengths differ from the reference (they must be exact)")
+    if not (slots[rows:] == -7).all():
+        raise Mismatch("rows past m were written")
+    return Measure(0.0, 0.0, "slots and lengths that differ")
+
+
+def k1_case(spec: Spec, launch: Launcher, seed: int) -> Measure:
+    """m = bucket - 3 rows (all rows below 8), every output and the KV cache against
+    `reference.k1`; the figure is q's mean error."""
+    bucket = spec.max_tokens
+    m = bucket if bucket < 8 else bucket - 3
+    run = K1Run(bucket, random_weights(seed=seed, row_pad=256), row_pad=256, shuffled=bucket % 2 == 0,
+                device="cpu", launcher=launch)
+    step = run.set_step(m, seed=seed + m, do_fold=1)
+    before = run.cache.clone()
+    run.launch(step)
+    error, bound = run.check(step, cache_before=before)["q"]
+    if run.sync[:3].tolist() != [1, 0, 0]:
+        raise Mismatch(f"sync area after one launch is {run.sync[:3].tolist()}, expected [1, 0, 0]")
+    return Measure(error, bound, "q's mean abs error")
+
+
+CASES: dict[str, Callable[[Spec, Launcher, int], Measure]] = {
+    "router": router_case, "keytable": keytable_case, "k1": k1_case}

@@ -1,0 +1,211 @@
+"""K1's world for checks of its code object: seeded weights and activations in vLLM's layouts
+(fp8 weights as bytes, E8M0 block scales), one bucket's device buffers, a launch in the
+template's argument order and the comparison of everything K1 writes with `reference.k1`.
+
+`mono-jit selftest --emulate` and the test suite (on the emulator, and on a gfx950 where there
+is one) share it, so the check a user runs is the one CI runs."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..templates.k1 import reference as ref
+from ..templates.k1.layout import K1Layout
+
+
+class Mismatch(AssertionError):
+    """An output of the kernel disagrees with its reference beyond the stated bound."""
+
+
+H = 7168
+BLOCK, PAGES = 64, 4
+PAGE_STRIDE = 37440  # 64 x 584 rounded up to the 576-byte stride, as vLLM allocates
+SENTINEL = -3.0
+
+
+
+def rope_table(positions: int, g: torch.Generator) -> torch.Tensor:
+    theta = torch.rand(positions, 32, generator=g) * 6
+    return torch.cat([torch.cos(theta), torch.sin(theta)], dim=1)
+
+
+def random_weights(tp: int = 8, positions: int = 64, seed: int = 0, row_pad: int = 0) -> ref.K1Weights:
+    """Weights whose GEMV outputs are O(1); row_pad bytes of 0x7F (NaN) pad each fp8 row, as
+    VLLM_ROCM_FP8_PADDING does, so a kernel that reads past K shows it."""
+    g = torch.Generator().manual_seed(seed)
+    heads = 128 // tp
+
+    def fp8(n: int, k: int) -> torch.Tensor:
+        w = (torch.randn(n, k, generator=g) * 16).to(torch.float8_e4m3fn).view(torch.uint8)
+        return torch.cat([w, torch.full((n, row_pad), 0x7F, dtype=torch.uint8)], dim=1)
+
+    return ref.K1Weights(
+        hc_fn=torch.randn(24, 4 * H, generator=g) * 0.01, hc_base=torch.randn(24, generator=g) * 0.1,
+        hc_scale=torch.rand(3, generator=g) + 0.5,
+        attn_norm=(1 + 0.1 * torch.randn(H, generator=g)).to(torch.bfloat16),
+        w_qkv=fp8(2048, H), s_qkv=torch.randint(118, 122, (16, 56), generator=g, dtype=torch.uint8),
+        q_norm=(1 + 0.2 * torch.randn(1536, generator=g)).to(torch.bfloat16),
+        kv_norm=(1 + 0.2 * torch.randn(512, generator=g)).to(torch.bfloat16),
+        w_qb=fp8(heads * 512, 1536), s_qb=torch.randint(118, 122, (heads * 4, 12), generator=g, dtype=torch.uint8),
+        rope=rope_table(positions, g))
+
+
+def random_activations(m: int, seed: int = 1) -> tuple[torch.Tensor, ...]:
+    """x, residual, post_mix, res_mix for m rows."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, H, generator=g).to(torch.bfloat16)
+    residual = torch.randn(m, 4, H, generator=g).to(torch.bfloat16)
+    post_mix = torch.rand(m, 4, 1, generator=g) * 2
+    res_mix = ref.sinkhorn(torch.randn(m, 4, 4, generator=g))
+    return x, residual, post_mix, res_mix
+
+
+@dataclass
+class Step:
+    m: int
+    do_fold: int
+    x: torch.Tensor
+    residual: torch.Tensor
+    post_mix: torch.Tensor
+    res_mix: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+
+
+class K1Run:
+    """Device buffers of one K1 bucket (TP8) and the launcher that runs a step on them."""
+
+    def __init__(self, bucket: int, w: ref.K1Weights, *, row_pad: int, shuffled: bool, device: str,
+                 launcher: Callable):
+        if shuffled:  # what vLLM's ROCm attention may do to fused_wqa_wkv (prepare_attn_preshuffle)
+            w = dataclasses.replace(w, w_qkv=ref.preshuffle_16x16(w.w_qkv[:, :H].contiguous()), qkv_shuffled=True)
+        self.lay, self.bucket, self.w, self.launcher = K1Layout(8, bucket), bucket, w, launcher
+        qkv_stride = H if shuffled else H + row_pad
+        self.layouts = (qkv_stride, int(w.qkv_shuffled), 1536 + row_pad, int(w.qb_shuffled))
+        self.weights = [t.to(device).flatten() for t in (
+            w.hc_fn, w.hc_base, w.hc_scale, w.attn_norm, w.w_qkv, w.s_qkv, w.q_norm, w.kv_norm, w.w_qb, w.s_qb,
+            w.rope)]
+
+        def zeros(n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+            return torch.zeros(n, dtype=dtype, device=device)
+
+        def sentinel(n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+            return torch.full((n,), SENTINEL, dtype=dtype, device=device)
+
+        rows, bf16 = bucket, torch.bfloat16
+        self.inputs = [zeros(rows * H, bf16), zeros(rows * 4 * H, bf16), zeros(rows * 4), zeros(rows * 16)]
+        self.positions = zeros(rows, torch.int64)
+        self.slots = torch.full((rows,), -1, dtype=torch.int64, device=device)
+        self.cache = torch.randint(0, 256, (PAGES * PAGE_STRIDE,), dtype=torch.uint8,
+                                   generator=torch.Generator().manual_seed(7)).to(device)
+        self.outputs = {"r": sentinel(rows * 4 * H, bf16), "post": sentinel(rows * 4), "comb": sentinel(rows * 16),
+                        "x_norm": sentinel(rows * H, bf16), "qr": sentinel(rows * 1536, bf16),
+                        "q": sentinel(rows * self.lay.q_width, bf16)}
+        self.sync = zeros(self.lay.sync_words, torch.int32)
+        self.work = [zeros(self.lay.f32_words), zeros(self.lay.bytes, torch.uint8)]
+
+    def set_step(self, m: int, seed: int, do_fold: int) -> Step:
+        """Random inputs for m rows, copied into the device buffers; even rows insert KV. The
+        outputs go back to the sentinel, so rows an earlier step wrote never pass for this one's."""
+        x, residual, post_mix, res_mix = random_activations(m, seed)
+        positions = torch.randint(0, self.w.rope.shape[0], (m,), generator=torch.Generator().manual_seed(seed))
+        slots = torch.tensor([(5 + 7 * i) % (PAGES * BLOCK) if i % 2 == 0 else -1 for i in range(m)])
+        for buffer, value in zip(self.inputs + [self.positions, self.slots],
+                                 (x, residual, post_mix, res_mix, positions, slots)):
+            buffer[: value.numel()].copy_(value.flatten())
+        for out in self.outputs.values():
+            out.fill_(SENTINEL)
+        return Step(m, do_fold, x, residual, post_mix, res_mix, positions, slots)
+
+    def arguments(self, step: Step) -> tuple:
+        """The launcher's arguments in the order of K1Template.arguments. On layer 0 (do_fold 0)
+        x, post_mix and res_mix are unread (vLLM passes x in all three there): they go in empty,
+        so a read of them is a null-pointer fault on the device and an error on the CPU."""
+        x, residual, post_mix, res_mix = self.inputs
+        if not step.do_fold:
+            x = post_mix = res_mix = residual.new_empty(0, dtype=torch.float32)
+        return (x, residual, post_mix, res_mix, *self.weights, self.positions, self.slots, self.cache,
+                *self.outputs.values(), self.sync, *self.work, step.m, step.do_fold, *self.layouts, PAGE_STRIDE,
+                BLOCK)
+
+    def launch(self, step: Step) -> None:
+        self.launcher(*self.arguments(step))
+
+    def check(self, step: Step, cache_before: torch.Tensor) -> dict[str, tuple[float, float]]:
+        """Every output against reference.k1, rows past m untouched, the cache written only at
+        the records of rows with a slot (pad bytes kept); raises Mismatch, else returns each
+        output's mean error and its bound."""
+        m = step.m
+        want = ref.k1(step.x, step.residual, step.post_mix, step.res_mix, bool(step.do_fold), self.w, step.positions)
+        got = {name: out.cpu() for name, out in self.outputs.items()}
+        close = torch.testing.assert_close
+        # Tolerances: f32 sums run in another order (fold, mixes, norms) and a bf16 output may
+        # differ by an ulp (0.4-0.8 %); where that flips an fp8 code of a GEMV input, a few
+        # outputs move further. The mean error is held much tighter than the worst element, so a
+        # wrong scale or a misplaced block (a few % on many outputs) cannot hide under the max.
+        # Where a stage's input is the kernel's own earlier output, a rounding tie there moves a
+        # few later outputs without any error in that stage, so those are held against the
+        # reference fed the kernel's own hand-off: post and comb against the gate of the kernel's
+        # R (2 of 28,672 bf16 values of R flipping at a tie move post by 1e-4), q's worst element
+        # against the MXFP8 of its own qr output, which S5 reads (a flipped qr code moves a few
+        # q outputs by more than 3 %), while q's mean bound stays end to end.
+        own_gate = ref.seam_gate(got["r"][: want.r.numel()].view(want.r.shape), self.w.hc_fn, self.w.hc_base,
+                                 self.w.hc_scale)
+        own_qr = ref.mxfp8_quantize(got["qr"][: want.qr.numel()].view(want.qr.shape))
+        q_raw = ref.fp8_gemv(*own_qr, self.w.w_qb, self.w.s_qb, ref.Q_LORA, self.w.qb_shuffled)
+        q_from_own_qr = ref.q_heads(q_raw, self.w.rope, step.positions)
+        checks = (("r", want.r, want.r, 1e-2, 1e-3), ("post", own_gate.post, own_gate.post, 1e-4, 1e-5),
+                  ("comb", own_gate.comb, own_gate.comb, 1e-3, 1e-4), ("x_norm", want.x_norm, want.x_norm, 2e-2, 2e-3),
+                  ("qr", want.qr, want.qr, 3e-2, 3e-3), ("q", q_from_own_qr, want.q, 3e-2, 3e-3))
+        measured = {}
+        for name, closest, expected, worst, mean in checks:
+            actual = got[name][: expected.numel()].view(expected.shape).float()
+            close(actual, closest.float(), rtol=worst, atol=worst, msg=lambda text: f"{name}: {text}")
+            error = (actual - expected.float()).abs().mean().item()
+            if not (error <= mean):
+                raise Mismatch(f"{name}: mean error {error:.2e} > {mean:.0e}")
+            measured[name] = (error, mean)
+        for name, out in got.items():
+            if not (out[m * out.numel() // self.bucket:].eq(SENTINEL).all()):
+                raise Mismatch(f"{name}: rows past m were written")
+        self.check_cache(step, want, cache_before)
+        return measured
+
+    def check_cache(self, step: Step, want: ref.K1Outputs, cache_before: torch.Tensor) -> None:
+        """Records at the rows' slots hold the reference KV; no other byte changed."""
+        close = torch.testing.assert_close
+        cache = self.cache.cpu()
+        touched = torch.zeros_like(cache, dtype=torch.bool)
+        for row, slot in enumerate(step.slots.tolist()):
+            if slot < 0:
+                continue
+            record = ref.kv_read(cache, slot, PAGE_STRIDE, BLOCK)
+            close(ref.kv_dequantize(record.unsqueeze(0))[0], want.kv[row], rtol=0.07, atol=0.05)  # e4m3 step
+            if not ((record[576:583] == want.records[row, 576:583]).sum() >= 6):
+                raise Mismatch("UE8M0 codes differ")
+            if not (record[583] == 0):
+                raise Mismatch("pad byte not 0 (vLLM's insert writes 0)")
+            page, r = divmod(slot, BLOCK)
+            base = page * PAGE_STRIDE
+            touched[base + r * 576: base + (r + 1) * 576] = True
+            touched[base + BLOCK * 576 + r * 8: base + BLOCK * 576 + r * 8 + 8] = True
+        if not (torch.equal(cache[~touched], cache_before[~touched])):
+            raise Mismatch("K1 wrote cache bytes outside its records")
+
+
+def scratch(run: K1Run) -> dict[str, torch.Tensor]:
+    """Views of the scratch regions one stage hands the next (K1Layout's offsets)."""
+    f32, u8, lay, rows = run.work[0], run.work[1], run.lay, run.bucket
+    return {
+        "partials": f32[lay.partials: lay.qkv_raw].view(rows, 56, 25),
+        "qkv_raw": f32[lay.qkv_raw: lay.q_raw].view(2, rows, 2048),
+        "q_raw": f32[lay.q_raw: lay.f32_words].view(rows, lay.q_width),
+        "x_codes": u8[lay.x_codes: lay.x_scales].view(-1, H),
+        "x_scales": u8[lay.x_scales: lay.qr_codes].view(-1, H // 32),
+        "qr_codes": u8[lay.qr_codes: lay.qr_scales].view(-1, 1536),
+        "qr_scales": u8[lay.qr_scales: lay.bytes].view(-1, 1536 // 32),
+    }

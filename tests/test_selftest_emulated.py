@@ -1,0 +1,62 @@
+"""`mono-jit selftest --emulate`: the cache's kernels on the emulated gfx950 against their
+references, one report a kernel, exit 1 when any disagrees or cannot run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from mono_jit.cli import main
+
+pytest.importorskip("numba", reason="the emulator needs the emulate extra (numba, tinygrad)")
+pytest.importorskip("tinygrad", reason="the emulator needs the emulate extra (numba, tinygrad)")
+
+
+def _selftest(cache, *args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, ["selftest", "--emulate", "--cache-dir", str(cache), *args])
+    return result.exit_code, result.stdout, result.output
+
+
+def test_the_cached_router_and_keytable_run_on_the_emulator_and_match(warm_cache, monkeypatch):
+    monkeypatch.setenv("MONO_JIT_OFFLINE", "1")  # the warm cache holds them: nothing compiles
+    code, out, text = _selftest(warm_cache, "--template", "router,keytable", "--max-tokens", "1", "--json")
+    assert code == 0, text
+    report = json.loads(out)
+    assert report["schema"] == "mono-jit-selftest/1" and report["ok"] and report["emulated"]
+    kernels = report["kernels"]
+    # router reads only max_tokens: one kernel for both ratios; keytable one a ratio
+    assert [(k["template"], k["spec"]["ratio"]) for k in kernels] == [("router", 4), ("keytable", 4),
+                                                                       ("keytable", 128)]
+    for kernel in kernels:
+        assert kernel["ok"] and kernel["problem"] is None and kernel["error"] <= kernel["bound"]
+        assert kernel["wave_instructions"] > 1000 and kernel["bytes_read"] > 0 and kernel["seconds"] > 0
+
+
+def test_a_kernel_that_disagrees_with_its_reference_fails_by_name(warm_cache, monkeypatch):
+    """The router's reference moved by 10 %: the launch itself is fine, the comparison is not."""
+    from mono_jit.selfcheck import cases
+
+    monkeypatch.setenv("MONO_JIT_OFFLINE", "1")
+    real = cases.route
+    monkeypatch.setattr(cases, "route", lambda *a: (real(*a)[0], real(*a)[1] * torch.tensor(1.1)))
+    code, _, text = _selftest(warm_cache, "--template", "router", "--max-tokens", "1", "--ratio", "4")
+    assert code == 1, text
+    assert "FAIL router tp=8, ratio=4" in text and "Mismatched elements" in text
+    assert "0 of 1 kernels match" in text and "Traceback" not in text
+
+
+def test_a_kernel_missing_from_an_offline_cache_fails_and_the_others_still_run(warm_cache, monkeypatch):
+    monkeypatch.setenv("MONO_JIT_OFFLINE", "1")
+    code, out, _ = _selftest(warm_cache, "--template", "router", "--max-tokens", "1,2", "--ratio", "4", "--json")
+    assert code == 1
+    kernels = json.loads(out)["kernels"]
+    assert [k["ok"] for k in kernels] == [True, False]
+    assert "offline" in kernels[1]["problem"].lower() and kernels[1]["wave_instructions"] == 0
+
+
+def test_k2_is_refused_with_the_reason(warm_cache):
+    code, _, text = _selftest(warm_cache, "--template", "k2")
+    assert code == 1 and "K2 needs 8 emulated ranks" in text and "Traceback" not in text
