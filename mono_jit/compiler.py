@@ -10,9 +10,12 @@ attribute: FlyDSL is pinned and tests cover this extraction), together with ever
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .spec import Spec
+
+if TYPE_CHECKING:
+    from .templates.base import Build
 
 
 def _constant(value: Any) -> int | None:
@@ -57,18 +60,24 @@ def extract(ir_text: str) -> tuple[bytes, list[dict]]:
     return binaries[0], launches
 
 
-def compile_here(template_name: str, spec_data: dict) -> dict:
-    """Trace + compile in this process; {'hsaco', 'launches', 'seconds'}. Called in a worker."""
+def compile_build(build: "Build") -> tuple[bytes, list[dict]]:
+    """(HSACO bytes, launches) of a traced launcher: ``flyc.compile`` with the build's CPU
+    placeholders, then `extract`. The one compile path: templates and the emulator's FlyDSL
+    micro-kernels (tests/emulator_kernels) both come through here."""
     import flydsl.compiler as flyc
 
+    compiled = flyc.compile(build.launcher, *build.placeholders)
+    if compiled is None:  # what a stray COMPILE_ONLY=1 does; the environment should prevent it
+        raise RuntimeError("flyc.compile returned None (is COMPILE_ONLY set?)")
+    return extract(compiled._keepalive.ir)
+
+
+def compile_here(template_name: str, spec_data: dict) -> dict:
+    """Trace + compile in this process; {'hsaco', 'launches', 'seconds'}. Called in a worker."""
     from .templates import get
 
     template = get(template_name)
     spec = Spec.from_dict(spec_data)
     started = time.perf_counter()
-    build = template.build(spec)
-    compiled = flyc.compile(build.launcher, *build.placeholders)
-    if compiled is None:  # what a stray COMPILE_ONLY=1 does; the environment should prevent it
-        raise RuntimeError("flyc.compile returned None (is COMPILE_ONLY set?)")
-    hsaco, launches = extract(compiled._keepalive.ir)
+    hsaco, launches = compile_build(template.build(spec))
     return {"hsaco": hsaco, "launches": launches, "seconds": time.perf_counter() - started}

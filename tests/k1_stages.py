@@ -16,13 +16,10 @@ def compile_stages(template: str, spec_data: dict, stages: tuple[int, ...]) -> t
     """(HSACO, launches) of the template's kernel holding only `stages`; runs inside a worker."""
     import importlib
 
-    import flydsl.compiler as flyc
-
-    from mono_jit.compiler import extract
+    from mono_jit.compiler import compile_build
 
     build = importlib.import_module(f"mono_jit.templates.{template}.kernel").build
-    built = build(Spec.from_dict(spec_data), frozenset(stages))
-    return extract(flyc.compile(built.launcher, *built.placeholders)._keepalive.ir)
+    return compile_build(build(Spec.from_dict(spec_data), frozenset(stages)))
 
 
 def compile_each_stage(spec: Spec, template: str = "k1", jobs: int = 2) -> dict[int, tuple[bytes, list[dict]]]:
