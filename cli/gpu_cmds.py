@@ -3,6 +3,7 @@ GPU: do the cached kernels compute what their references do on an emulated gfx95
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -75,11 +76,10 @@ def _emulated(cache_dir, templates, tp, ratio, max_tokens, as_json) -> None:
         specs = deployment_grid(tp, max_tokens_buckets=max_tokens or STANDARD_MAX_TOKENS, ratios=ratio or RATIOS)
     except SpecError as exc:
         raise click.UsageError(str(exc))
-    try:
-        import numba  # noqa: F401
-        import tinygrad  # noqa: F401
-    except ImportError as missing:
-        raise MonoJitError(f"--emulate needs the emulate extra (pip install 'mono-jit[emulate]'): {missing}")
+    missing = [name for name in ("numba", "tinygrad") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise MonoJitError(f"--emulate needs the emulate extra (pip install 'mono-jit[emulate]'): "
+                           f"{' and '.join(missing)} not installed")
     progress = None if as_json else (lambda what: say(f"emulating {what} ..."))
     results = check_kernels(templates or EMULATED_TEMPLATES, specs, settings_for(cache_dir), progress=progress)
     if as_json:

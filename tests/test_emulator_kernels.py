@@ -102,9 +102,6 @@ def test_cross_lane_operations(kernels):
     assert not wrong, "\n".join(wrong[:20])
 
 
-@pytest.mark.xfail(strict=True, raises=EmulatorFault,
-                   reason="the emulator refuses ds_swizzle's quad-permute mode (offset bit 15 set): 'operand form "
-                          "not modelled (case 2)'")
 def test_ds_swizzle_quad_mode(kernels):
     """Offset 0x801b: lane l reads lane sel[l % 4] of its quad, sel = (3, 2, 1, 0)."""
     assert QUAD_SWIZZLE == 0x801B
@@ -200,9 +197,6 @@ def test_fp4_conversions(kernels):
     assert torch.equal(decoded, mfma_model.e2m1_value(codes).float())
 
 
-@pytest.mark.xfail(strict=True, raises=UnsupportedCode,
-                   reason="the emulator has no semantics for V_CVT_F32_UBYTE0 (LLVM's i32 -> f32 of a value it "
-                          "knows fits a byte)")
 def test_small_integer_to_float(kernels):
     out = torch.zeros(LANES)
     kernels["lane_to_float"].launch(_machine(out=out), out=out)

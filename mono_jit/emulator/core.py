@@ -26,7 +26,7 @@ from numba import njit
 from . import ops as O
 from .decode import (F_ABS, F_BASE, F_CLASS, F_DST, F_FLAGS, F_FORMAT, F_LIT, F_NEG, F_NEG_HI, F_NEXT, F_OFFSET,
                      F_OFFSET1, F_OP, F_OPSEL, F_OPSEL_HI, F_SCALE0, F_SCALE1, F_SDST, F_SEL0, F_SEL1, F_SEXT,
-                     F_SOFF, F_SRC0, F_SRC1, F_SRC2, F_TARGET, FLAG_E64, FLAG_OFFEN, FLAG_SADDR_OFF, FLAG_SC0,
+                     F_SOFF, F_SRC0, F_SRC1, F_SRC2, F_TARGET, FLAG_OFFEN, FLAG_SADDR_OFF, FLAG_SC0,
                      FLAG_SDWA, SEL_DWORD)
 from .mfma_layout import E2M1, K_OF_BYTE, K_OF_NIBBLE
 from .numerics import (cvt_i32, cvt_u32, e8m0, f32_exponent, f32_to_fp8, f32bits_to_bf16, fma32, fp8_to_f64,
@@ -44,7 +44,7 @@ WS_FIELDS = 8
 RUNNING, AT_BARRIER, PARKED, DONE = range(4)
 
 # CTL fields: the wake epoch, stores, state events, and the fault record.
-C_EPOCH, C_STORES, C_EVENTS, C_FAULT, C_WAVE, C_ROW, C_LANE, C_ADDRESS, C_SIZE, C_DETAIL, C_IDLE = range(11)
+C_EPOCH, C_STORES, C_EVENTS, C_FAULT, C_WAVE, C_ROW, C_LANE, C_ADDRESS, C_SIZE, C_DETAIL, C_IDLE, C_PASSES = range(12)
 CTL_FIELDS = 16
 
 # Fault kinds (CTL[C_FAULT]).
@@ -65,6 +65,8 @@ QUANTUM = 1 << 16  # instructions a wave runs before the others get a turn
 IDLE_ROUNDS = 48  # passes with no store and no state change before a deadlock is declared
 TICKS_PER_INSTRUCTIONS = 32  # s_memrealtime: one 100 MHz tick per 32 wave-instructions of the device
 
+FP8_VALUE = np.array([fp8_to_f64(code) for code in range(256)])  # e4m3 byte -> value
+SCALE_VALUE = np.array([e8m0(code) for code in range(256)])  # E8M0 code -> 2^(code - 127), 255 NaN
 _F32_CONST = np.array([0x3F000000, 0xBF000000, 0x3F800000, 0xBF800000, 0x40000000, 0xC0000000, 0x40800000,
                        0xC0800000, 0x3E22F983], np.int64)  # inline 240..248: 0.5 -0.5 1 -1 2 -2 4 -4 1/(2 pi)
 
@@ -1211,34 +1213,37 @@ def crosslane(P, i, w, S, V, T, ex, op):
 @njit(cache=True, error_model="numpy")
 def mfma(P, i, w, V, VF, ex, CTL):
     """V_MFMA_SCALE_F32_16X16X128_F8F6F4: D = C + (A x scaleA)(B x scaleB)^T, summed in f64 and
-    rounded to f32 once (the hardware's summation order inside the 128-step is undocumented)."""
+    rounded to f32 once (the hardware's summation order inside the 128-step is undocumented).
+    The operands are decoded through value tables (FP8_VALUE, E2M1) with their E8M0 scales
+    applied, then each result element is one 128-term dot product."""
     if ex != -1:
         return fault(CTL, FAULT_EXEC, w, i, -1, ex, 0, 0)
     dst, a0, b0, c0 = P[i, F_DST], P[i, F_SRC0] - 256, P[i, F_SRC1] - 256, P[i, F_SRC2]
     fa, fb = P[i, F_FORMAT] & 0xF, P[i, F_FORMAT] >> 4
     sa, sb = P[i, F_SCALE0] - 256, P[i, F_SCALE1] - 256
-    A = np.zeros((16, 128))
-    B = np.zeros((16, 128))
+    A = np.empty((16, 128))
+    B = np.empty((16, 128))
+    R = np.empty((16, 4))  # (row, K block) -> scale of the operand being decoded
     for k in range(2):
         M = A if k == 0 else B
         base = a0 if k == 0 else b0
         fmt = fa if k == 0 else fb
         scales = sa if k == 0 else sb
+        for lane in range(64):  # the scale of (row r, K block b) is byte 0 of lane 16 b + r
+            R[lane % 16, lane // 16] = SCALE_VALUE[V[w, scales, lane] & 0xFF]
         for lane in range(64):
             row = lane % 16
-            for byte in range(32 if fmt == 0 else 16):
-                word = np.int64(V[w, base + byte // 4, lane])
-                code = word >> (8 * (byte % 4)) & 0xFF
-                if fmt == 0:
-                    M[row, K_OF_BYTE[lane, byte]] = fp8_to_f64(code)
-                else:
-                    M[row, K_OF_NIBBLE[lane, 2 * byte]] = E2M1[code & 0xF]
-                    M[row, K_OF_NIBBLE[lane, 2 * byte + 1]] = E2M1[code >> 4]
-        for row in range(16):
-            for block in range(4):
-                scale = e8m0(np.int64(V[w, scales, 16 * block + row]) & 0xFF)
-                for kk in range(32 * block, 32 * block + 32):
-                    M[row, kk] *= scale
+            if fmt == 0:
+                for byte in range(32):
+                    code = V[w, base + byte // 4, lane] >> (8 * (byte % 4)) & 0xFF
+                    kk = K_OF_BYTE[lane, byte]
+                    M[row, kk] = FP8_VALUE[code] * R[row, kk // 32]
+            else:
+                for byte in range(16):
+                    code = V[w, base + byte // 4, lane] >> (8 * (byte % 4)) & 0xFF
+                    lo, hi = K_OF_NIBBLE[lane, 2 * byte], K_OF_NIBBLE[lane, 2 * byte + 1]
+                    M[row, lo] = E2M1[code & 0xF] * R[row, lo // 32]
+                    M[row, hi] = E2M1[code >> 4] * R[row, hi // 32]
     for lane in range(64):
         g, col = lane // 16, lane % 16
         for e in range(4):
@@ -1360,6 +1365,7 @@ def run(P, S, V, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, b
     ran = np.int64(0)
     while True:
         stores, events = CTL[C_STORES], CTL[C_EVENTS]
+        CTL[C_PASSES] += 1
         live = 0
         for w in range(waves):
             status = WS[w, WS_STATUS]

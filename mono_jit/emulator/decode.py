@@ -25,7 +25,7 @@ from . import ops
 FIELDS = 27
 
 # F_FLAGS bits.
-FLAG_OFFEN, FLAG_SC0, FLAG_SC1, FLAG_NT, FLAG_SDWA, FLAG_E64, FLAG_SADDR_OFF = (1 << i for i in range(7))
+FLAG_OFFEN, FLAG_SC0, FLAG_SC1, FLAG_NT, FLAG_SDWA, FLAG_SADDR_OFF = (1 << i for i in range(6))
 
 VGPR0 = 256  # operand codes from 256 name VGPRs
 SEL_DWORD = 6  # SDWA select: BYTE_0..3 = 0..3, WORD_0/1 = 4/5, DWORD = 6
@@ -136,7 +136,6 @@ class _Decoder:
             if base == "V_CNDMASK_B32":
                 row[F_SRC2] = 106
         elif kind in ("VOP3", "VOP3_SDST", "VOP3SD"):
-            row[F_FLAGS] |= FLAG_E64
             row[F_DST] = f["vdst"]
             row[F_SRC0], row[F_SRC1], row[F_SRC2] = f["src0"], f["src1"], f["src2"]
             row[F_NEG] = f.get("neg", 0)

@@ -70,6 +70,7 @@ class LaunchReport:
     barriers: int
     polls: int
     idle_rounds: int
+    scheduler_passes: int  # rounds over every wave: a launch's waiting chains
     lds_bytes_read: int
     lds_bytes_written: int
     bytes_read: int
@@ -82,6 +83,7 @@ class LaunchReport:
     def counters(self) -> dict[str, Any]:
         return {"wave_instructions": self.wave_instructions, "by_class": self.by_class, "mfma": self.mfma,
                 "barriers": self.barriers, "polls": self.polls, "idle_rounds": self.idle_rounds,
+                "scheduler_passes": self.scheduler_passes,
                 "lds_bytes_read": self.lds_bytes_read, "lds_bytes_written": self.lds_bytes_written,
                 "bytes_read": self.bytes_read, "bytes_written": self.bytes_written,
                 "busiest_workgroup_instructions": self.busiest_workgroup_instructions,
@@ -410,6 +412,7 @@ class _State:
             by_class={name: int(cnt[:, k].sum()) for k, name in enumerate(CLASSES)},
             mfma=int(cnt[:, CLASSES.index("mfma")].sum()), barriers=int(cnt[:, core.CNT_BARRIERS].sum()),
             polls=int(cnt[:, core.CNT_POLLS].sum()), idle_rounds=int(cnt[:, core.CNT_IDLE].max()),
+            scheduler_passes=int(self.ctl[core.C_PASSES]),
             lds_bytes_read=int(cnt[:, core.CNT_LDS_READ].sum()), lds_bytes_written=int(cnt[:, core.CNT_LDS_WRITTEN].sum()),
             bytes_read=int(cnt[:, core.CNT_READ].sum()), bytes_written=int(cnt[:, core.CNT_WRITTEN].sum()),
             per_device=per_device, per_allocation=per_allocation,

@@ -1,0 +1,106 @@
+"""The emulated gfx950's speed on the shipped kernels: K1 at buckets 1 and 8 (one device) and the
+whole K2 at bucket 4, ratio 4, on 8 emulated ranks sharing peer memory (the test world of
+tests/k2_inputs.py, which has 3 rows), each launched once to compile the interpreter and its
+caches, then timed. Prints per launch its wave-instructions and wall time, then
+
+    wave_instructions_per_s N
+
+over the timed launches (all of them together: wave-instructions / seconds in the emulator).
+The issue's goal is 10 million a second on one core on K2's mix. The machine's other load
+counts: run it on an idle machine.
+
+    .venv/bin/python bench/emulator.py [--cache-dir DIR] [--no-k2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+TESTS = Path(__file__).resolve().parent.parent / "tests"
+sys.path.insert(0, str(TESTS))  # the K2 test world and its harness
+
+from mono_jit.config import Settings  # noqa: E402
+from mono_jit.emulator import CodeObject, Launch, Machine  # noqa: E402
+from mono_jit.resolve import resolve  # noqa: E402
+from mono_jit.runtime.kernargs import pack  # noqa: E402
+from mono_jit.selfcheck.emulated import emulated_launcher  # noqa: E402
+from mono_jit.selfcheck.k1_world import K1Run, random_weights  # noqa: E402
+from mono_jit.spec import Spec  # noqa: E402
+from mono_jit.templates import get  # noqa: E402
+
+
+def k1_launch(bucket: int, settings: Settings) -> tuple[int, float]:
+    """One K1 launch at `bucket` (m = bucket rows): (wave-instructions, seconds)."""
+    launch = emulated_launcher("k1", Spec(8, 4, 1024, bucket), settings)
+    run = K1Run(bucket, random_weights(row_pad=256), row_pad=256, shuffled=False, device="cpu", launcher=launch)
+    run.launch(run.set_step(bucket, seed=bucket, do_fold=1))
+    report = launch.backend.last_report
+    return report.wave_instructions, report.seconds
+
+
+def k2_launch(settings: Settings) -> tuple[int, float]:
+    """The whole K2 on 8 emulated ranks (bucket 4, ratio 4): (wave-instructions, seconds)."""
+    import layer_math
+    from k2_harness import K2Run
+    from k2_inputs import TP, full_weights, shard, world
+    from test_k2_moe_reference import vllm_layout
+
+    from mono_jit.templates.k2.moe_layout import K2MoeLayout
+
+    wd = world(4)
+    spec = Spec(8, 4, wd.inputs.topk.shape[1], 4)
+    found = resolve(get("k2"), spec, settings=settings)
+    code = CodeObject(found.hsaco, found.meta["launches"][0]["kernel"])
+    shards = [shard(full_weights(), rank) for rank in range(TP)]
+    g = torch.Generator().manual_seed(3)
+    live = list(range(0, 384, 24))  # 16 reachable experts of 384: the others are never read
+    bias = torch.randn(384, generator=g) * 0.1
+    bias[live] += 50.0
+    experts = layer_math._moe_weights(g, 384, live, bias)
+    lay = K2MoeLayout(8, 4, spec.topk_width, 4)
+    mailboxes = [torch.zeros(lay.peer_bytes // 8, dtype=torch.int64) for _ in range(TP)]
+    machine, launches, runs = Machine(devices=TP), [], []
+    for rank in range(TP):
+        run = K2Run(wd, shards[rank], rank, 4, "cpu", mailbox=mailboxes[rank],
+                    peer_addresses=[m.data_ptr() for m in mailboxes], moe=vllm_layout(experts, rank))
+        runs.append(run)  # keeps every rank's buffers alive through the launch
+        for name, tensor in run.weight_tensors.items():
+            machine.register_new(tensor, f"rank{rank}.{name}", writable=False)
+        values = run.arguments()
+        for name, tensor in {**run.state_tensors, **values}.items():
+            if hasattr(tensor, "data_ptr"):
+                machine.register_new(tensor, f"rank{rank}.{name}")
+        shape = found.meta["launch"]
+        launches.append(Launch(code, tuple(shape["grid"]), tuple(shape["block"]), pack(found.meta, values),
+                               shape["dynamic_lds"], rank))
+    report = machine.launch_many(launches)
+    return report.wave_instructions, report.seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cache-dir", type=Path, default=None, help="cache to take (or compile) the kernels from")
+    parser.add_argument("--no-k2", action="store_true", help="only K1 (K2 on 8 ranks takes minutes)")
+    args = parser.parse_args()
+    environ = dict(os.environ, **({"MONO_JIT_CACHE_DIR": str(args.cache_dir)} if args.cache_dir else {}))
+    settings = Settings(environ)
+    k1_launch(1, settings)  # the interpreter's first call compiles it (numba): untimed
+    rows = [(f"k1 bucket {b}", *k1_launch(b, settings)) for b in (1, 8)]
+    if not args.no_k2:
+        rows.append(("k2 bucket 4 ratio 4, 8 ranks", *k2_launch(settings)))
+    for name, instructions, seconds in rows:
+        print(f"{name}: {instructions:,} wave-instructions in {seconds:.2f} s")
+    total = sum(r[1] for r in rows) / sum(r[2] for r in rows)
+    print(f"wave_instructions_per_s {total:.0f}")
+
+
+if __name__ == "__main__":
+    start = time.perf_counter()
+    main()
+    print(f"bench wall time {time.perf_counter() - start:.0f} s")
