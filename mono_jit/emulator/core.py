@@ -26,8 +26,8 @@ from numba import njit
 from . import ops as O
 from .decode import (F_ABS, F_BASE, F_CLASS, F_DST, F_FLAGS, F_FORMAT, F_LIT, F_NEG, F_NEG_HI, F_NEXT, F_OFFSET,
                      F_OFFSET1, F_OP, F_OPSEL, F_OPSEL_HI, F_SCALE0, F_SCALE1, F_SDST, F_SEL0, F_SEL1, F_SEXT,
-                     F_SOFF, F_SRC0, F_SRC1, F_SRC2, F_TARGET, FLAG_OFFEN, FLAG_SADDR_OFF, FLAG_SC0,
-                     FLAG_SDWA, SEL_DWORD)
+                     F_SOFF, F_SRC0, F_SRC1, F_SRC2, F_TARGET, FLAG_DPP, FLAG_OFFEN, FLAG_SADDR_OFF,
+                     FLAG_SC0, FLAG_SDWA, SEL_DWORD)
 from .mfma_layout import E2M1, K_OF_BYTE, K_OF_NIBBLE
 from .numerics import (cvt_i32, cvt_u32, e8m0, f32_exponent, f32_to_fp8, f32bits_to_bf16, fma32, fp8_to_f64,
                        maximum, minimum)
@@ -604,6 +604,14 @@ def salu(P, i, w, S, op):
         if op == O.OP_S_BFE_I32 and 0 < width < 32 and r >> (width - 1) & 1:
             r -= 1 << width
         S[w, SCC] = 1 if r & M32 else 0
+    elif op == O.OP_S_MIN_U32:
+        c = a < b
+        S[w, SCC] = 1 if c else 0
+        r = a if c else b
+    elif op == O.OP_S_BREV_B32:  # D0.u32[31 : 0] = S0.u32[0 : 31]
+        r = 0
+        for bit in range(32):
+            r |= (a >> bit & 1) << (31 - bit)
     elif op == O.OP_S_ABS_I32:
         r = abs(sext32(a))
         S[w, SCC] = 1 if r & M32 else 0
@@ -784,6 +792,61 @@ def div_fixup(s0, s1, s2, b1, b2):
     return np.float32(-abs(s0) if negative else abs(s0))
 
 
+@njit(cache=True)
+def dpp_source(ctrl, lane):
+    """The lane a DPP control reads for `lane`, or -1 where it has no source (gfx9 DPP_CTRL:
+    quad_perm 0x00-0xFF, row_shl 0x101-0x10F, row_shr 0x111-0x11F, row_ror 0x121-0x12F,
+    wave_shl / rol / shr / ror 0x130 / 0x134 / 0x138 / 0x13C, row_mirror 0x140,
+    row_half_mirror 0x141, row_bcast15 0x142, row_bcast31 0x143; AMD Vega ISA "DPP", LLVM
+    SIDefines.h DppCtrl). Rows are 16 lanes."""
+    row, within = lane & ~15, lane & 15
+    if ctrl <= 0xFF:
+        return (lane & ~3) | (ctrl >> (2 * (lane & 3)) & 3)
+    if 0x101 <= ctrl <= 0x10F:
+        n = within + (ctrl - 0x100)
+        return row + n if n < 16 else -1
+    if 0x111 <= ctrl <= 0x11F:
+        n = within - (ctrl - 0x110)
+        return row + n if n >= 0 else -1
+    if 0x121 <= ctrl <= 0x12F:
+        return row + (within - (ctrl - 0x120)) % 16
+    if ctrl == 0x130:
+        return lane + 1 if lane < 63 else -1
+    if ctrl == 0x134:
+        return (lane + 1) % 64
+    if ctrl == 0x138:
+        return lane - 1 if lane > 0 else -1
+    if ctrl == 0x13C:
+        return (lane - 1) % 64
+    if ctrl == 0x140:
+        return row + 15 - within
+    if ctrl == 0x141:
+        return (lane & ~7) + 7 - (lane & 7)
+    if ctrl == 0x142:
+        return row - 1 if row >= 16 else -1
+    if ctrl == 0x143:
+        return 31 if lane >= 32 else -1
+    return -2  # not a DPP control
+
+
+@njit(cache=True)
+def dpp_mov(P, i, w, V, T, ex):
+    """v_mov_b32 with DPP: lanes of disabled rows / banks keep their value; a lane whose source
+    lane is invalid or inactive gets 0 with bound_ctrl, else keeps its value."""
+    dst, src, ctrl, masks = P[i, F_DST], P[i, F_SRC0] - 256, P[i, F_OFFSET], P[i, F_OFFSET1]
+    row_mask, bank_mask, bound_zero = masks & 0xF, masks >> 4 & 0xF, masks >> 8 & 1
+    for lane in range(64):
+        T[3, lane] = V[w, dst, lane]
+        if not (row_mask >> (lane // 16) & 1 and bank_mask >> (lane % 16 // 4) & 1):
+            continue
+        source = dpp_source(ctrl, lane)
+        if source >= 0 and ex >> source & 1:
+            T[3, lane] = V[w, src, source]
+        elif bound_zero:
+            T[3, lane] = 0
+    write(V, T, w, dst, 3, ex)
+
+
 @njit(cache=True, error_model="numpy")
 def common_valu(op, T, TF, select):
     """The most frequent plain operations of our kernels, one loop over the lanes each (which
@@ -802,6 +865,12 @@ def common_valu(op, T, TF, select):
         for lane in range(64):
             TF[3, lane] = TF[0, lane] * TF[1, lane]
     elif op == O.OP_V_FMA_F32 or op == O.OP_V_FMAC_F32:
+        for lane in range(64):
+            TF[3, lane] = np.float32(np.float64(TF[0, lane]) * np.float64(TF[1, lane]) + np.float64(TF[2, lane]))
+    elif op == O.OP_V_FMAMK_F32:  # fma(S0, K, S1); K (the literal) was read as S2
+        for lane in range(64):
+            TF[3, lane] = np.float32(np.float64(TF[0, lane]) * np.float64(TF[2, lane]) + np.float64(TF[1, lane]))
+    elif op == O.OP_V_FMAAK_F32:  # fma(S0, S1, K)
         for lane in range(64):
             TF[3, lane] = np.float32(np.float64(TF[0, lane]) * np.float64(TF[1, lane]) + np.float64(TF[2, lane]))
     elif op == O.OP_V_ADD_U32:
@@ -895,6 +964,9 @@ def valu(P, i, w, S, V, T, TF, ex, op):
     lit, dst = P[i, F_LIT], P[i, F_DST]
     flags = P[i, F_FLAGS]
     s0, s1, s2 = P[i, F_SRC0], P[i, F_SRC1], P[i, F_SRC2]
+    if flags & FLAG_DPP:
+        dpp_mov(P, i, w, V, T, ex)
+        return
     read(S, V, T, w, s0, lit, 0, 0)
     read(S, V, T, w, s1, lit, 1, 0)
     read(S, V, T, w, s2, lit, 2, 0)
@@ -905,6 +977,13 @@ def valu(P, i, w, S, V, T, TF, ex, op):
     if (neg | ab) and P[i, F_CLASS] != O.PACKED:
         for r in range(3):
             float_modifiers(T, r, neg >> r & 1, ab >> r & 1)
+    if op == O.OP_V_PK_MOV_B32:  # D.lo = S0's OPSEL[0] half, D.hi = S1's OPSEL[1] half (CDNA4 pseudocode)
+        opsel = P[i, F_OPSEL]
+        read(S, V, T, w, s0, lit, 3, opsel & 1)
+        read(S, V, T, w, s1, lit, 4, opsel >> 1 & 1)
+        write(V, T, w, dst, 3, ex)
+        write(V, T, w, dst + 1, 4, ex)
+        return
     if op == O.OP_V_PK_ADD_F32 or op == O.OP_V_PK_MUL_F32 or op == O.OP_V_PK_FMA_F32:
         packed_f32(P, i, w, S, V, T, TF, ex, op)
         return
@@ -1102,6 +1181,12 @@ def valu(P, i, w, S, V, T, TF, ex, op):
             r = (a >> (b & 31)) & ((np.int64(1) << width) - 1)
             if op == O.OP_V_BFE_I32 and width and r >> (width - 1) & 1:
                 r -= np.int64(1) << width
+        elif op == O.OP_V_BITOP3_B32:  # bit n of TTBL: the minterm S0 S1 S2 = n (CDNA4 pseudocode)
+            table = P[i, F_FORMAT]
+            r = 0
+            for n in range(8):
+                if table >> n & 1:
+                    r |= (a if n & 4 else ~a) & (b if n & 2 else ~b) & (c if n & 1 else ~c)
         elif op == O.OP_V_MED3_I32:
             x, y, z = sext32(a), sext32(b), sext32(c)
             r = max(min(x, y), min(max(x, y), z))
@@ -1211,6 +1296,26 @@ def crosslane(P, i, w, S, V, T, ex, op):
 
 
 @njit(cache=True, error_model="numpy")
+def mfma_f32_16x16x4(w, V, VF, dst, a0, b0, c0):
+    """V_MFMA_F32_16X16X4_F32 (one block): lane 16 k + i holds A[i, k] and B[k, i]; lane
+    16 g + c, element e of D is D[4 g + e, c] (AMD's matrix instruction calculator for
+    v_mfma_f32_16x16x4f32; the result layout is the scaled MFMA's, mfma_layout.D_ROW). The four
+    products and C are summed in f64 and rounded once."""
+    a, b = VF[w, a0].astype(np.float64), VF[w, b0].astype(np.float64)  # copies: D may overlap them
+    d = np.empty((4, 64), np.float32)
+    for lane in range(64):
+        g, col = lane // 16, lane % 16
+        for e in range(4):
+            row = 4 * g + e
+            acc = np.float64(VF[w, c0 - 256 + e, lane]) if c0 >= 256 else np.float64(0.0)
+            for k in range(4):
+                acc += a[16 * k + row] * b[16 * k + col]
+            d[e, lane] = np.float32(acc)
+    for e in range(4):
+        VF[w, dst + e] = d[e]
+
+
+@njit(cache=True, error_model="numpy")
 def mfma(P, i, w, V, VF, ex, CTL):
     """V_MFMA_SCALE_F32_16X16X128_F8F6F4: D = C + (A x scaleA)(B x scaleB)^T, summed in f64 and
     rounded to f32 once (the hardware's summation order inside the 128-step is undocumented).
@@ -1219,6 +1324,9 @@ def mfma(P, i, w, V, VF, ex, CTL):
     if ex != -1:
         return fault(CTL, FAULT_EXEC, w, i, -1, ex, 0, 0)
     dst, a0, b0, c0 = P[i, F_DST], P[i, F_SRC0] - 256, P[i, F_SRC1] - 256, P[i, F_SRC2]
+    if P[i, F_OP] == O.OP_V_MFMA_F32_16X16X4_F32:
+        mfma_f32_16x16x4(w, V, VF, dst, a0, b0, c0)
+        return NO_FAULT
     fa, fb = P[i, F_FORMAT] & 0xF, P[i, F_FORMAT] >> 4
     sa, sb = P[i, F_SCALE0] - 256, P[i, F_SCALE1] - 256
     A = np.empty((16, 128))

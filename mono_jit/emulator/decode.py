@@ -28,6 +28,7 @@ FIELDS = 27
 FLAG_OFFEN, FLAG_SC0, FLAG_SC1, FLAG_NT, FLAG_SDWA, FLAG_SADDR_OFF = (1 << i for i in range(6))
 
 VGPR0 = 256  # operand codes from 256 name VGPRs
+LITERAL = 255  # the operand code of the instruction's 32-bit literal
 SEL_DWORD = 6  # SDWA select: BYTE_0..3 = 0..3, WORD_0/1 = 4/5, DWORD = 6
 NULL_SADDR = 0x7F  # global_*'s saddr field when the address is a 64-bit VGPR pair ("off")
 
@@ -116,6 +117,17 @@ class _Decoder:
                 row[F_SDST] = 106  # VCC: the carry-out
             if base == "V_FMAC_F32":
                 row[F_SRC2] = VGPR0 + row[F_DST]
+            if base in ("V_FMAMK_F32", "V_FMAAK_F32"):
+                row[F_SRC2] = LITERAL  # the 32-bit constant K, read as a third source
+        elif kind == "VOP1_DPP16":
+            # DPP (gfx9): the VGPR source read from another lane (dpp_ctrl), lanes of rows / banks
+            # outside row_mask / bank_mask not written, bound_ctrl: 0 where the source lane is
+            # invalid (else the destination is kept). Modelled for v_mov_b32 only.
+            if base != "V_MOV_B32" or f["src0_neg"] or f["src0_abs"]:
+                self.refuse(f"{base} with DPP (v_mov_b32 without modifiers only)", address)
+            row[F_FLAGS] |= FLAG_DPP
+            row[F_DST], row[F_SRC0] = f["vdst"], VGPR0 + f["vsrc0"]
+            row[F_OFFSET], row[F_OFFSET1] = f["dpp"], f["row_mask"] | f["bank_mask"] << 4 | f["bc"] << 8
         elif kind in ("VOP1_SDWA", "VOP2_SDWA", "VOPC_SDWA_SDST"):
             row[F_FLAGS] |= FLAG_SDWA
             if f.get("omod") or f.get("clmp"):
@@ -143,7 +155,10 @@ class _Decoder:
             row[F_OPSEL] = f.get("opsel", 0)
             if kind == "VOP3SD":
                 row[F_SDST] = f["sdst"]
-            if f.get("omod") or f.get("clmp"):
+            if base == "V_BITOP3_B32":  # its truth table sits in the OMOD, ABS and NEG fields
+                row[F_FORMAT] = f["omod"] << 6 | f["abs"] << 3 | f["neg"]
+                row[F_NEG] = row[F_ABS] = 0
+            elif f.get("omod") or f.get("clmp"):
                 self.refuse(f"{base} with omod or clamp", address)
             if base == "V_CVT_PK_FP8_F32" and row[F_OPSEL] & 0b0111:
                 self.refuse(f"{base} with a source op_sel", address)
@@ -158,6 +173,13 @@ class _Decoder:
             if f["clmp"]:
                 self.refuse(f"{base} with clamp", address)
             floating = True
+        elif kind == "VOP3P_MFMA":
+            row[F_DST] = f["vdst"]
+            row[F_SRC0], row[F_SRC1], row[F_SRC2] = f["src0"], f["src1"], f["src2"]
+            if f["cbsz"] or f["abid"] or f["blgp"] or f["acc_cd"] or f["acc"] or f["neg"] or f["neg_hi"] or f["clmp"]:
+                self.refuse(f"{base} with cbsz / abid / blgp broadcasts, AGPRs, negation or clamp", address)
+            if row[F_SRC0] < VGPR0 or row[F_SRC1] < VGPR0 or not (row[F_SRC2] >= VGPR0 or row[F_SRC2] == 128):
+                self.refuse(f"{base} with scalar A / B or a C other than VGPRs or 0", address)
         elif kind == "VOP3PX2":
             row[F_DST] = f["vdst"]
             row[F_SRC0], row[F_SRC1], row[F_SRC2] = f["src0"], f["src1"], f["src2"]
