@@ -19,7 +19,7 @@ from mono_jit's references: nothing here imports mono_jit.templates.*.reference 
   `vllm_moe`, `expert_weights` (an LRU of dequantised experts);
 - one layer: `CheckpointLayer`, `random_checkpoint_layer`, `route_table`, `rank_tensors` (its first
   launch's part: `front_tensors`), `ATTN_FIELDS`, `LayerStep`, `random_step`, `LayerExpected`,
-  `attention_front` (the first launch's math), `decode_layer`;
+  `attention_seam`, `qkv_norms`, `query` (the first launch's math, a stage each), `decode_layer`;
 - checking a layer against it: `BOUNDS`, `layer_errors`, `check_swa_cache`.
 
 Cost: decode_layer of 4 rows ~5 s on 2 cores the first time a layer's experts are met (8 experts
@@ -850,31 +850,36 @@ def step_keys(step: LayerStep, swa_cache: torch.Tensor) -> list[torch.Tensor | N
     return keys
 
 
-def attention_front(step: LayerStep, w: CheckpointLayer, heads: slice = slice(0, HEADS)) -> dict[str, torch.Tensor]:
-    """The attention seam (mhc_post unless layer 0, mhc_pre, attn_norm) and the attention front
-    (wqkv, the q / kv norms, wq_b of `heads`, RoPE, the KV records): what the layer's first launch
-    computes. Returns r [M, 4, H] bf16, post [M, 4, 1], comb [M, 4, 4], pre [M, 4] (f32), normed,
-    qr (bf16), q [M, heads, 512] bf16, records [M, 584] uint8."""
-    m = step.residual.shape[0]
+def attention_seam(step: LayerStep, w: CheckpointLayer) -> dict[str, torch.Tensor]:
+    """The attention seam: mhc_post unless layer 0, mhc_pre, attn_norm. Returns r [M, 4, H] bf16,
+    post [M, 4, 1], comb [M, 4, 4], pre [M, 4] (f32) and normed [M, H] bf16."""
     r = step.residual if step.x is None else mhc_post(step.x, step.residual, step.post_mix, step.res_mix)
     post, comb, collapse, pre = mhc_pre(r, w.hc_attn_fn, w.hc_attn_scale, w.hc_attn_base)
-    normed = rms_norm(collapse, w.attn_norm)
+    return dict(r=r, post=post, comb=comb, pre=pre, normed=rms_norm(collapse, w.attn_norm))
+
+
+def qkv_norms(normed: torch.Tensor, w: CheckpointLayer) -> tuple[torch.Tensor, torch.Tensor]:
+    """(qr [M, 1536], kv [M, 512]) bf16: wqkv of MX(normed), then the q and kv norms."""
     qkv = _bf16(block_gemv(mx8(normed), w.wqkv, w.s_wqkv))
-    qr, kv = rms_norm(qkv[:, :Q_LORA], w.q_norm), rms_norm(qkv[:, Q_LORA:], w.kv_norm)
+    return rms_norm(qkv[:, :Q_LORA], w.q_norm), rms_norm(qkv[:, Q_LORA:], w.kv_norm)
+
+
+def query(qr: torch.Tensor, w: CheckpointLayer, heads: slice = slice(0, HEADS)) -> torch.Tensor:
+    """bf16 [M, heads, 512]: wq_b of MX(qr) for `heads`, before the head norm and RoPE."""
     rows = slice(heads.start * D, heads.stop * D)
     q = _bf16(block_gemv(mx8(qr), w.wq_b[rows], w.s_wq_b[rows.start // 128:rows.stop // 128], chunk=8192))
-    return dict(r=r, post=post, comb=comb, pre=pre, normed=normed, qr=qr,
-                q=q_heads(q.view(m, -1, D), w.cos_sin, step.positions),
-                records=encode_records(kv_rope(kv, w.cos_sin, step.positions)))
+    return q.view(qr.shape[0], -1, D)
 
 
 def decode_layer(step: LayerStep, w: CheckpointLayer, tp: int = TP) -> LayerExpected:
     """The layer's decode step as vLLM's ROCm path computes it with mono's MXFP8 activations (the
     module docstring lists every rounding point), the ranks' shares summed in rank order."""
     m = step.residual.shape[0]
-    front = attention_front(step, w)
-    r, post_a, comb_a, normed, qr, q, records = (front[k] for k in ("r", "post", "comb", "normed", "qr", "q",
-                                                                      "records"))
+    seam_a = attention_seam(step, w)
+    r, post_a, comb_a, normed = seam_a["r"], seam_a["post"], seam_a["comb"], seam_a["normed"]
+    qr, kv = qkv_norms(normed, w)
+    q = q_heads(query(qr, w), w.cos_sin, step.positions)
+    records = encode_records(kv_rope(kv, w.cos_sin, step.positions))
     swa_cache = step.swa_cache.clone()
     insert_records(swa_cache, records, step.slot_mapping, step.swa_page_stride, step.swa_block)
     # the sparse attention over the cache after the insert, the inverse RoPE, wo_a, wo_b per rank

@@ -88,6 +88,9 @@ MISSING = ("VOP1_DPP16 v_mov_b32 (quad_perm [1,0,3,2] / [2,3,0,1], row_shl / row
 
 @pytest.mark.parametrize("bucket", BUCKETS)
 def test_the_emulator_runs_upstream_k1_as_layer_math_computes_it(builds, layer, bucket):
+    """Every output of the step's rows within its bound (upstream_k1_run.BOUNDS, each stage from the
+    kernel's own input to it), the KV records byte-identical but for rounding-point flips
+    (layer_math.check_swa_cache), and the runner's rows past the step untouched."""
     import layer_math as lm
     import upstream_k1_run as run
 
@@ -95,20 +98,21 @@ def test_the_emulator_runs_upstream_k1_as_layer_math_computes_it(builds, layer, 
 
     step = lm.random_step(layer, m=bucket, seed=bucket)
     buffers = run.k1_buffers(layer, step)
-    hsaco = builds[bucket]["hsaco"]
     try:
-        report = run.launch(hsaco, buffers)
+        report = run.launch(builds[bucket]["hsaco"], buffers)
     except UnsupportedCode as exc:
         pytest.xfail(f"the emulator cannot run upstream's K1 yet ({MISSING}): {exc}")
-    want = lm.attention_front(step, layer, slice(0, run.HEADS))
-    table = run.errors(run.outputs(buffers), want)
-    print(f"\nupstream K1 s{bucket}: wave_instructions {report.wave_instructions} mfma {report.mfma} "
-          f"seconds {report.seconds:.1f}")
-    for name, e in table.items():
-        print(f"  {name:7s} max {e['max']:.3g} mean {e['mean']:.3g} rel {e['rel']:.3g} (bound {run.BOUNDS[name]})")
+    got = run.outputs(buffers)
+    want = run.expected(layer, step, got)
+    table = run.errors(got, want)
     cache = step.swa_cache.clone()
     lm.insert_records(cache, want["records"], step.slot_mapping, step.swa_page_stride, step.swa_block)
-    print(f"  records: {lm.check_swa_cache(buffers.values['swa'], cache, step):.3g} of their bytes one code off")
-    assert {name: e["rel"] for name, e in table.items() if e["rel"] > run.BOUNDS[name]} == {}
+    flipped = lm.check_swa_cache(buffers.values["swa"], cache, step)
+    print(f"\nupstream K1 s{bucket}: wave_instructions {report.wave_instructions} mfma {report.mfma} "
+          f"seconds {report.seconds:.1f} ({run.EXPECTED_NOTE})")
+    for name, e in table.items():
+        print(f"  {name:6s} max {e['max']:.3g} mean {e['mean']:.3g} rel {e['rel']:.3g} (bound {run.BOUNDS[name]})")
+    print(f"  records: {flipped:.3g} of their bytes one code off")
+    assert {name: e["rel"] for name, e in table.items() if not e["rel"] <= run.BOUNDS[name]} == {}
     for name in ("res_out", "post_out", "comb_out", "pre_out", "normed_out", "qr_out", "q"):
         assert (buffers.values[name][bucket:].view(torch.uint8) == run.SENTINEL).all(), f"{name}: rows past m"
