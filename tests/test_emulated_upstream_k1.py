@@ -13,21 +13,19 @@ Needs AITER's FlyDSL helpers: MONO_JIT_AITER_HELPERS names their folder (.ci/run
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from cache_settings import settings_at
 from upstream_k1 import DIGESTS, NAME, helpers_problem, write_plugin
 
-from mono_jit.compiler import compile_here
-from mono_jit.config import Settings
+from mono_jit.cache import Store
+from mono_jit.prebuild import prebuild
 from mono_jit.spec import Spec
 from mono_jit.templates import get, registry
-from mono_jit.toolchain import compile_environment, resolve_toolchain
-from mono_jit.workers import WorkerPool
 
 pytest.importorskip("vllm", reason="upstream's K1 is vLLM 0.33's (the --with-vllm set-up)")
 pytest.importorskip("flydsl", reason="building needs mono-jit[build]")
@@ -35,40 +33,36 @@ PROBLEM = helpers_problem()  # read at collection: the session's fixtures drop M
 HELPERS = Path(os.environ.get("MONO_JIT_AITER_HELPERS", "."))
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(PROBLEM is not None, reason=PROBLEM or "")]
 
-BUCKETS = (1, 8)
-SPECS = {bucket: Spec(8, 4, 1024, bucket) for bucket in BUCKETS}
+BUCKETS = (1, 8)  # emulated; 64 is built for its bytes only
+SPECS = {bucket: Spec(8, 4, 1024, bucket) for bucket in (*BUCKETS, 64)}
 
 
 @pytest.fixture(scope="module")
-def builds(tmp_path_factory) -> dict[int, dict]:
-    """{bucket: the compile worker's result} for upstream's K1, found as an installed plug-in
-    (the generated folder on sys.path) and compiled in mono-jit's own workers."""
+def entries(tmp_path_factory):
+    """{bucket: cache entry} of upstream's K1, prebuilt as any installed plug-in is (the generated
+    folder on sys.path; mono-jit's compile workers, kernarg and resource checks, its cache)."""
     folder = tmp_path_factory.mktemp("upstream-k1")
     write_plugin(folder, HELPERS)
     with pytest.MonkeyPatch.context() as patch:
         patch.syspath_prepend(str(folder))
         for attr in ("_registry", "_added", "_failed"):  # the plug-in is known to this module only
             patch.setattr(registry, attr, dict(getattr(registry, attr)))
-        get(NAME)  # the entry point resolves and the class passes the registration checks
-        env = compile_environment(resolve_toolchain(Settings()), "gfx950")
-        jobs = [(bucket, (NAME, spec.as_dict())) for bucket, spec in SPECS.items()]
-        with WorkerPool(1, env, compile_here, 900) as pool:
-            outcomes = {o.job_id: o for o in pool.run(jobs)}
-        failed = {b: o.value for b, o in outcomes.items() if o.status != "ok"}
-        assert not failed, failed
-        yield {bucket: outcome.value for bucket, outcome in outcomes.items()}
+        settings = settings_at(tmp_path_factory.mktemp("upstream-k1-cache"))
+        summary, _ = prebuild([get(NAME)], list(SPECS.values()), settings, jobs=1, timeout=900)
+        assert not summary.failed, summary.failed
+        yield {entry.meta["spec"]["max_tokens"]: entry for entry in Store(settings).entries()}
         sys.modules.pop("mono_jit_upstream_k1", None)
 
 
-def test_upstream_k1_builds_to_the_hardware_proven_bytes(builds):
-    for bucket, built in builds.items():
-        symbol = f"dsv4_mono_k1_s{bucket}_tp8_r4_tl0_f1"
-        assert built["launches"] == [{"kernel": f"_ZN5aiter{len(symbol)}{symbol}E", "grid": [256, 1, 1],
-                                      "block": [512, 1, 1], "dynamic_lds": 0}]
+def test_upstream_k1_builds_to_the_hardware_proven_bytes(entries):
+    assert sorted(entries) == sorted(SPECS)
+    for bucket, entry in entries.items():
+        symbol = f"dsv4_mono_k1_s{bucket}_tp8_r4_tl0_f1" + "_a2" * (bucket >= 42)  # two hops from 42 rows
+        assert [k["name"] for k in entry.meta["kernels"]] == [f"_ZN5aiter{len(symbol)}{symbol}E"]
         want = DIGESTS.get(SPECS[bucket])
         if want is not None:
-            assert (hashlib.sha256(built["hsaco"]).hexdigest()[:16], len(built["hsaco"])) == want
-    assert SPECS[1] in DIGESTS
+            assert (entry.meta["hsaco"]["sha256"][:16], entry.meta["hsaco"]["size"]) == want
+    assert {SPECS[1], SPECS[64]} <= set(DIGESTS)
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +81,7 @@ MISSING = ("VOP1_DPP16 v_mov_b32 (quad_perm [1,0,3,2] / [2,3,0,1], row_shl / row
 
 
 @pytest.mark.parametrize("bucket", BUCKETS)
-def test_the_emulator_runs_upstream_k1_as_layer_math_computes_it(builds, layer, bucket):
+def test_the_emulator_runs_upstream_k1_as_layer_math_computes_it(entries, layer, bucket):
     """Every output of the step's rows within its bound (upstream_k1_run.BOUNDS, each stage from the
     kernel's own input to it), the KV records byte-identical but for rounding-point flips
     (layer_math.check_swa_cache), and the runner's rows past the step untouched."""
@@ -99,7 +93,7 @@ def test_the_emulator_runs_upstream_k1_as_layer_math_computes_it(builds, layer, 
     step = lm.random_step(layer, m=bucket, seed=bucket)
     buffers = run.k1_buffers(layer, step)
     try:
-        report = run.launch(builds[bucket]["hsaco"], buffers)
+        report = run.launch(get(NAME), entries[bucket], buffers)
     except UnsupportedCode as exc:
         pytest.xfail(f"the emulator cannot run upstream's K1 yet ({MISSING}): {exc}")
     got = run.outputs(buffers)

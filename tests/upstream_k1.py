@@ -28,6 +28,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from mono_jit.resources import Budget
 from mono_jit.spec import Spec
 from mono_jit.templates import Argument, LaunchShape, Template
 
@@ -159,10 +160,11 @@ class UpstreamK1(Template):
     name = NAME
     spec_fields = ("tp", "ratio", "topk_width", "max_tokens")
     persistent = True
+    budget = Budget(scratch_bytes=8, spills=1)  # upstream's s64 (upstream-kernels.md)
 
     def launch_shape(self, spec: Spec) -> LaunchShape:
         return LaunchShape(grid=(BLOCKS, 1, 1), block=(THREADS, 1, 1))
 
     def arguments(self, spec: Spec) -> tuple[Argument, ...]:
-        return tuple(Argument(n, "i64", "int64", "upstream's Int64") if t == "Int64" else Argument.i32(n, "upstream's")
+        return tuple(Argument.i64(n, "upstream's Int64") if t == "Int64" else Argument.i32(n, "upstream's Int32")
                      for n, t in upstream_parameters(vllm_mono_dir() / "layer.py"))

@@ -6,23 +6,21 @@ the same math (`attention_seam`, `qkv_norms`, `query`).
 vLLM's own constants (imported, not copied): the step's inputs and the rank's weights from
 layer_math (`random_checkpoint_layer`, `random_step`, the loaded layouts of `front_tensors`), the
 runner's own rows (MAX_TOKENS of them) filled with a sentinel so a stray or missing write shows,
-and zeroed scratch and epoch words. `kernargs` packs every argument as the runner does, an Int64
-device address (the registered CPU tensor's `data_ptr`) or byte stride, or an Int32, at the
-offsets the code object's own table gives. Needs the plug-in folder on sys.path (vLLM's mono
-package imports AITER's helpers).
+and zeroed scratch and epoch words. `launch` passes every argument as the runner does, an Int64
+device address (the registered CPU tensor's `data_ptr`) or byte stride, or an Int32. Needs the
+plug-in folder on sys.path (vLLM's mono package imports AITER's helpers).
 """
 
 from __future__ import annotations
 
-import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import layer_math as lm
 import torch
 from upstream_k1 import upstream_parameters, vllm_mono_dir
 
-from mono_jit.hsaco import read_metadata
+from mono_jit.spec import Spec
 
 SENTINEL = 0x7F  # bytes of the runner's output rows before the launch: bf16 / f32 NaN patterns
 TP, RANK = 8, 0
@@ -30,8 +28,9 @@ HEADS = lm.HEADS // TP
 # Relative norm error bounds against layer_math (live rows), each stage from the kernel's own input
 # to it (`expected`). Both sides round at the same points, so they differ where a summation order
 # moves an f32 value by ulps: the seam's mixes stay f32 (post / comb / pre: 1e-4, 20 Sinkhorn
-# rounds of f32 ulps; measured up to 4e-6); a bf16 store flips an ulp (2^-8 relative at most) in a few elements (r,
-# normed from the step; qr from the kernel's normed, q from its qr: 1e-3, as layer_math.BOUNDS).
+# rounds of f32 ulps; measured up to 4e-6); a bf16 store flips an ulp (2^-8 relative at most) in a
+# few elements (r, normed from the step; qr from the kernel's normed, q from its qr: 1e-3, as
+# layer_math.BOUNDS).
 BOUNDS = {"r": 1e-3, "post": 1e-4, "comb": 1e-4, "pre": 1e-4, "normed": 1e-3, "qr": 1e-3, "q": 1e-3}
 EXPECTED_NOTE = "qr and the records from the kernel's normed, q from its qr"
 
@@ -42,8 +41,8 @@ class K1Buffers:
     for strides and Int32s), `weights` the read-only ones among them."""
 
     step: lm.LayerStep
-    values: dict[str, Any] = field(default_factory=dict)
-    weights: set[str] = field(default_factory=set)
+    values: dict[str, Any]
+    weights: set[str]
 
 
 def k1_buffers(ckpt: lm.CheckpointLayer, step: lm.LayerStep) -> K1Buffers:
@@ -83,29 +82,24 @@ def k1_buffers(ckpt: lm.CheckpointLayer, step: lm.LayerStep) -> K1Buffers:
     return K1Buffers(step, values, set(weights) | set(inputs))
 
 
-def kernargs(hsaco: bytes, buffers: K1Buffers) -> bytes:
-    """The kernarg bytes: each parameter at its code-object offset, a tensor as its address."""
-    _, (kernel,) = read_metadata(hsaco)
-    params = upstream_parameters(vllm_mono_dir() / "layer.py")
-    assert len(kernel.args) == len(params), (len(kernel.args), len(params))
-    out = bytearray(kernel.kernarg_size)
-    for (name, kind), arg in zip(params, kernel.args):
-        assert (arg.value_kind, arg.size) == ("by_value", 8 if kind == "Int64" else 4), (name, arg)
-        value = buffers.values[name]
-        value = value.data_ptr() if isinstance(value, torch.Tensor) else value
-        struct.pack_into("<q" if kind == "Int64" else "<i", out, arg.offset, value)
-    return bytes(out)
-
-
-def launch(hsaco: bytes, buffers: K1Buffers) -> Any:
-    """Register every tensor on a fresh emulated device and launch K1; the LaunchReport."""
-    from mono_jit.emulator import CodeObject, Machine
+def launch(template: Any, entry: Any, buffers: K1Buffers) -> Any:
+    """K1's cache entry on a fresh emulated device through mono-jit's emulator backend, every
+    tensor registered (the weights and inputs read-only) and passed as its address, as the runner
+    passes it (`runtime/kernargs.pack` places the Int64s and Int32s); the LaunchReport."""
+    from mono_jit.emulator import Machine
+    from mono_jit.runtime.backends import EmulatorBackend
 
     machine = Machine()
+    values = {}
     for name, value in buffers.values.items():
         if isinstance(value, torch.Tensor):
             machine.register(value, name, writable=name not in buffers.weights)
-    return machine.launch(CodeObject(hsaco), (256, 1, 1), (512, 1, 1), kernargs(hsaco, buffers))
+            value = value.data_ptr()
+        values[name] = value
+    backend = EmulatorBackend(machine)
+    spec = Spec.from_dict(entry.meta["build_spec"])
+    backend.launch(backend.load(template, spec, entry.meta, entry.hsaco), values, 0)
+    return backend.last_report
 
 
 def outputs(buffers: K1Buffers) -> dict[str, torch.Tensor]:
