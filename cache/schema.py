@@ -47,7 +47,7 @@ NUMBER = Leaf("a number", lambda v: type(v) in (int, float))
 _HEX64 = re.compile("[0-9a-f]{64}").fullmatch  # json already imported re: no cost on the hit path
 HEX64 = Leaf("64 lowercase hex digits", lambda v: type(v) is str and _HEX64(v) is not None)
 SCALAR = Leaf("a string or an integer", lambda v: type(v) in (str, int))
-KIND = Leaf('"tensor" or "i32"', lambda v: v in ("tensor", "i32"))
+KIND = Leaf('"tensor", "i32" or "i64"', lambda v: v in ("tensor", "i32", "i64"))
 DIM3 = ListOf(UINT, length=3)
 LAUNCH = {"grid": DIM3, "block": DIM3, "dynamic_lds": UINT}
 

@@ -17,8 +17,9 @@ from mono_jit's references: nothing here imports mono_jit.templates.*.reference 
 - MoE: `clamped_swiglu`, `vllm_route`, `Global`, `global_weights`, `rank_slices`, `vllm_layout`,
   `vllm_shared`, `vllm_routed` (one rank, plainly), `moe_partials` (every rank, at full width),
   `vllm_moe`, `expert_weights` (an LRU of dequantised experts);
-- one layer: `CheckpointLayer`, `random_checkpoint_layer`, `route_table`, `rank_tensors`,
-  `ATTN_FIELDS`, `LayerStep`, `random_step`, `LayerExpected`, `decode_layer`;
+- one layer: `CheckpointLayer`, `random_checkpoint_layer`, `route_table`, `rank_tensors` (its first
+  launch's part: `front_tensors`), `ATTN_FIELDS`, `LayerStep`, `random_step`, `LayerExpected`,
+  `attention_seam`, `qkv_norms`, `query` (the first launch's math, a stage each), `decode_layer`;
 - checking a layer against it: `BOUNDS`, `layer_errors`, `check_swa_cache`.
 
 Cost: decode_layer of 4 rows ~5 s on 2 cores the first time a layer's experts are met (8 experts
@@ -733,6 +734,19 @@ ATTN_FIELDS = ("layer_id", "wqkv", "wqkv_scale", "q_norm", "kv_norm", "wq_b", "w
                "wo_b", "wo_b_scale", "attn_sink", "cos_sin", "ratio")
 
 
+def front_tensors(ckpt: CheckpointLayer, rank: int, tp: int = TP) -> dict[str, torch.Tensor]:
+    """The part of `rank_tensors` that the attention seam and front read (the layer's first launch):
+    wqkv, wqkv_scale, q_norm, kv_norm, wq_b, wq_b_scale, cos_sin, hc_attn_fn / scale / base,
+    attn_norm."""
+    qrows = slice(HEADS // tp * D * rank, HEADS // tp * D * (rank + 1))
+    return dict(
+        wqkv=aiter_shuffle_weight_16x16(ckpt.wqkv).view(E4M3), wqkv_scale=mx32(ckpt.s_wqkv),
+        q_norm=ckpt.q_norm, kv_norm=ckpt.kv_norm,
+        wq_b=padded(ckpt.wq_b[qrows]), wq_b_scale=mx32(ckpt.s_wq_b[qrows.start // 128:qrows.stop // 128]),
+        cos_sin=ckpt.cos_sin, hc_attn_fn=ckpt.hc_attn_fn, hc_attn_scale=ckpt.hc_attn_scale,
+        hc_attn_base=ckpt.hc_attn_base, attn_norm=ckpt.attn_norm)
+
+
 def rank_tensors(ckpt: CheckpointLayer, rank: int, tp: int = TP) -> dict[str, torch.Tensor | int | None]:
     """TP rank `rank`'s tensors as vLLM 0.33 holds them after loading and preshuffling, keyed by the
     keyword fields of mono_jit's AttnWeights (ATTN_FIELDS) and MonoLayerWeights (all but `attn`), as
@@ -751,22 +765,16 @@ def rank_tensors(ckpt: CheckpointLayer, rank: int, tp: int = TP) -> dict[str, to
       float4_e2m1fn_x2 and w13_s / w2_s uint8 through AITER's A8W4 shuffles ([384, ...]: only the
       reachable experts written), sgu e4m3 preshuffled [2 I, H] with sgu_s mx32, sw2 e4m3 [H, I]
       (K = I is no multiple of 512: not padded) with sw2_s mx32."""
-    heads, groups = HEADS // tp, GROUPS // tp
-    qrows = slice(heads * D * rank, heads * D * (rank + 1))
+    groups = GROUPS // tp
     arows = slice(groups * O_LORA * rank, groups * O_LORA * (rank + 1))
     moe = vllm_layout(ckpt.moe, rank, ckpt.hash_layer, tp)
     return dict(
-        layer_id=ckpt.layer_id, ratio=ckpt.ratio,
-        wqkv=aiter_shuffle_weight_16x16(ckpt.wqkv).view(E4M3), wqkv_scale=mx32(ckpt.s_wqkv),
-        q_norm=ckpt.q_norm, kv_norm=ckpt.kv_norm,
-        wq_b=padded(ckpt.wq_b[qrows]), wq_b_scale=mx32(ckpt.s_wq_b[qrows.start // 128:qrows.stop // 128]),
+        layer_id=ckpt.layer_id, ratio=ckpt.ratio, **front_tensors(ckpt, rank, tp),
         wo_a=padded(ckpt.wo_a[arows]), wo_a_scale=mx32(ckpt.s_wo_a[arows.start // 128:arows.stop // 128]),
         wo_b=aiter_shuffle_weight_16x16(ckpt.wo_b[:, arows].contiguous()).view(E4M3),
         wo_b_scale=mx32(ckpt.s_wo_b[:, arows.start // 128:arows.stop // 128]),
-        attn_sink=ckpt.attn_sink[heads * rank:heads * (rank + 1)].clone(), cos_sin=ckpt.cos_sin,
-        hc_attn_fn=ckpt.hc_attn_fn, hc_attn_scale=ckpt.hc_attn_scale, hc_attn_base=ckpt.hc_attn_base,
-        attn_norm=ckpt.attn_norm, hc_ffn_fn=ckpt.hc_ffn_fn, hc_ffn_scale=ckpt.hc_ffn_scale,
-        hc_ffn_base=ckpt.hc_ffn_base, ffn_norm=ckpt.ffn_norm,
+        attn_sink=ckpt.attn_sink[HEADS // tp * rank:HEADS // tp * (rank + 1)].clone(),
+        hc_ffn_fn=ckpt.hc_ffn_fn, hc_ffn_scale=ckpt.hc_ffn_scale, hc_ffn_base=ckpt.hc_ffn_base, ffn_norm=ckpt.ffn_norm,
         gate_w=moe["gate"], bias=moe["bias"], w13=moe["w13"].view(FP4), w13_s=moe["w13_s"],
         w2=moe["w2"].view(FP4), w2_s=moe["w2_s"], sgu=moe["sgu"].view(E4M3), sgu_s=mx32(moe["sgu_s"]),
         sw2=moe["sw2"].view(E4M3), sw2_s=mx32(moe["sw2_s"]))
@@ -842,19 +850,35 @@ def step_keys(step: LayerStep, swa_cache: torch.Tensor) -> list[torch.Tensor | N
     return keys
 
 
+def attention_seam(step: LayerStep, w: CheckpointLayer) -> dict[str, torch.Tensor]:
+    """The attention seam: mhc_post unless layer 0, mhc_pre, attn_norm. Returns r [M, 4, H] bf16,
+    post [M, 4, 1], comb [M, 4, 4], pre [M, 4] (f32) and normed [M, H] bf16."""
+    r = step.residual if step.x is None else mhc_post(step.x, step.residual, step.post_mix, step.res_mix)
+    post, comb, collapse, pre = mhc_pre(r, w.hc_attn_fn, w.hc_attn_scale, w.hc_attn_base)
+    return dict(r=r, post=post, comb=comb, pre=pre, normed=rms_norm(collapse, w.attn_norm))
+
+
+def qkv_norms(normed: torch.Tensor, w: CheckpointLayer) -> tuple[torch.Tensor, torch.Tensor]:
+    """(qr [M, 1536], kv [M, 512]) bf16: wqkv of MX(normed), then the q and kv norms."""
+    qkv = _bf16(block_gemv(mx8(normed), w.wqkv, w.s_wqkv))
+    return rms_norm(qkv[:, :Q_LORA], w.q_norm), rms_norm(qkv[:, Q_LORA:], w.kv_norm)
+
+
+def query(qr: torch.Tensor, w: CheckpointLayer, heads: slice = slice(0, HEADS)) -> torch.Tensor:
+    """bf16 [M, heads, 512]: wq_b of MX(qr) for `heads`, before the head norm and RoPE."""
+    rows = slice(heads.start * D, heads.stop * D)
+    q = _bf16(block_gemv(mx8(qr), w.wq_b[rows], w.s_wq_b[rows.start // 128:rows.stop // 128], chunk=8192))
+    return q.view(qr.shape[0], -1, D)
+
+
 def decode_layer(step: LayerStep, w: CheckpointLayer, tp: int = TP) -> LayerExpected:
     """The layer's decode step as vLLM's ROCm path computes it with mono's MXFP8 activations (the
     module docstring lists every rounding point), the ranks' shares summed in rank order."""
     m = step.residual.shape[0]
-    # the attention seam (mhc_post unless layer 0, mhc_pre, attn_norm)
-    r = step.residual if step.x is None else mhc_post(step.x, step.residual, step.post_mix, step.res_mix)
-    post_a, comb_a, collapse, _ = mhc_pre(r, w.hc_attn_fn, w.hc_attn_scale, w.hc_attn_base)
-    normed = rms_norm(collapse, w.attn_norm)
-    # the attention front
-    qkv = _bf16(block_gemv(mx8(normed), w.wqkv, w.s_wqkv))
-    qr, kv = rms_norm(qkv[:, :Q_LORA], w.q_norm), rms_norm(qkv[:, Q_LORA:], w.kv_norm)
-    q = _bf16(block_gemv(mx8(qr), w.wq_b, w.s_wq_b, chunk=8192)).view(m, HEADS, D)
-    q = q_heads(q, w.cos_sin, step.positions)
+    seam_a = attention_seam(step, w)
+    r, post_a, comb_a, normed = seam_a["r"], seam_a["post"], seam_a["comb"], seam_a["normed"]
+    qr, kv = qkv_norms(normed, w)
+    q = q_heads(query(qr, w), w.cos_sin, step.positions)
     records = encode_records(kv_rope(kv, w.cos_sin, step.positions))
     swa_cache = step.swa_cache.clone()
     insert_records(swa_cache, records, step.slot_mapping, step.swa_page_stride, step.swa_block)

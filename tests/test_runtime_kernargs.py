@@ -1,6 +1,7 @@
 """Kernarg packing on the CPU against the code-object metadata of every template (compiled for
 real): each tensor is its pointer then its i32 extent, each scalar its i32, at the offsets the
-code object's own argument table gives (read from the HSACO here, not from meta.json)."""
+code object's own argument table gives (read from the HSACO here, not from meta.json); an i64
+scalar on a table of its own."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ import torch
 from cache_settings import settings_at
 
 from mono_jit.cache.store import Store
+from mono_jit.errors import TemplateError
 from mono_jit.hsaco import read_metadata
 from mono_jit.runtime.backends import declared_meta
 from mono_jit.runtime.kernargs import KernargError, pack
 from mono_jit.spec import Spec
-from mono_jit.templates import get
+from mono_jit.templates import Argument, LaunchShape, Template, checks, get
 
 
 def entries(root):
@@ -104,3 +106,39 @@ def test_a_code_object_table_that_disagrees_with_the_template_is_refused(every_t
     meta["kernels"] = [{**meta["kernels"][0], "args": [{**args[0], "size": 4, "value_kind": "by_value"}] + args[1:]}]
     with pytest.raises(KernargError, match="global_buffer"):
         pack(meta, values_for(meta["arguments"]))
+
+
+class _Raw(Template):
+    """A template whose kernel takes an Int64 address, an Int32 and an Int64 byte count."""
+
+    name = "raw"
+    spec_fields = ("max_tokens",)
+    source_files = ()
+    kernel_module = ".kernel"
+
+    def launch_shape(self, spec):
+        return LaunchShape(grid=(1, 1, 1), block=(64, 1, 1))
+
+    def arguments(self, spec):
+        return (Argument.i64("address", "a device address"), Argument.i32("m", "rows"),
+                Argument.i64("stride", "bytes"))
+
+
+def test_an_i64_argument_is_eight_bytes_where_the_table_says():
+    """Kind i64 (fx.Int64: raw addresses and byte counts, as vLLM's own kernels take them) passes the
+    template checks, packs as 8 bytes at the code object's offset, and is refused out of range or
+    against a 4-byte table entry; the reference backend's table agrees."""
+    spec = Spec(8, 4, 1024, 1)
+    assert checks.arguments(_Raw(), spec, "raw") == _Raw().arguments(spec)
+    with pytest.raises(TemplateError, match="an i64 scalar has dtype 'int64'"):
+        checks.arguments(type("Bad", (_Raw,), {"arguments": lambda self, s: (Argument("a", "i64", "int32", ""),)})(),
+                         spec, "raw")
+    meta = declared_meta(_Raw(), spec)
+    assert [(a["offset"], a["size"]) for a in meta["kernels"][0]["args"]] == [(0, 8), (8, 4), (16, 8)]
+    assert pack(meta, {"address": 2**40 + 3, "m": -5, "stride": 584}) == struct.pack("<qiiq", 2**40 + 3, -5, 0, 584)
+    with pytest.raises(KernargError, match="expected an i64"):
+        pack(meta, {"address": 2**63, "m": 1, "stride": 0})
+    table = meta["kernels"][0]["args"]
+    meta["kernels"] = [{"args": [{**table[0], "size": 4}, *table[1:]]}]
+    with pytest.raises(KernargError, match="expected by_value/8 B"):
+        pack(meta, {"address": 1, "m": 1, "stride": 0})

@@ -43,7 +43,8 @@ def declared_meta(template: Template, spec: Spec) -> dict[str, Any]:
     template's arguments, with the code-object table FlyDSL would give them."""
     table, offset = [], 0
     for argument in template.arguments(spec):
-        parts = [("global_buffer", 8), ("by_value", 4)] if argument.kind == "tensor" else [("by_value", 4)]
+        parts = {"tensor": [("global_buffer", 8), ("by_value", 4)], "i64": [("by_value", 8)]}.get(
+            argument.kind, [("by_value", 4)])
         for kind, size in parts:
             offset = -(-offset // size) * size
             table.append({"offset": offset, "size": size, "value_kind": kind})

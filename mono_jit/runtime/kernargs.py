@@ -1,11 +1,12 @@
 """A launch's kernarg buffer, packed from a cache entry's metadata.
 
-A template's arguments (meta ``arguments``) are 1-D tensors and i32 scalars. FlyDSL lowers a
+A template's arguments (meta ``arguments``) are 1-D tensors and i32 / i64 scalars. FlyDSL lowers a
 1-D tensor with a dynamic extent to two kernel arguments: its pointer (8 bytes,
 ``global_buffer``) then its extent in elements (4 bytes, ``by_value``): the dynamic-shape i32s
 of FlyDSL's layout-dynamic memref (`flydsl/compiler/jit_argument.py`, `_LayoutPlan`: "dynamic-
 shape i32's then dynamic-stride i32/i64's"; a contiguous 1-D tensor has no dynamic stride). An
-i32 scalar is one 4-byte ``by_value`` argument. The code object's own argument table (meta
+i32 scalar is one 4-byte ``by_value`` argument, an i64 (``fx.Int64``: a raw address or byte count, as
+kernels written for another host take them) one 8-byte one. The code object's own argument table (meta
 ``kernels[i].args``: offset, size, value kind) places each one; the runtime fills any
 ``hidden_*`` argument itself, so the buffer holds the explicit ones only.
 
@@ -24,7 +25,9 @@ from ..errors import MonoJitError
 
 POINTER = ("global_buffer", 8)
 EXTENT = ("by_value", 4)
+I64 = ("by_value", 8)
 I32_MAX = 2**31 - 1
+SCALAR_RANGES = {"i32": (-2**31, I32_MAX), "i64": (-2**63, 2**63 - 1)}
 
 
 class KernargError(MonoJitError, ValueError):
@@ -36,7 +39,7 @@ class Slot:
     """One explicit code-object argument: where it goes and how it is encoded."""
 
     argument: str
-    part: str  # "pointer", "extent" or "value"
+    part: str  # "pointer", "extent", "value" (an i32) or "value64" (an i64)
     offset: int
     size: int
 
@@ -64,6 +67,8 @@ def layout(meta: Mapping[str, Any], kernel: int = 0) -> tuple[list[Slot], int]:
         if argument["kind"] == "tensor":
             take(argument["name"], "pointer", POINTER)
             take(argument["name"], "extent", EXTENT)
+        elif argument["kind"] == "i64":
+            take(argument["name"], "value64", I64)
         else:
             take(argument["name"], "value", EXTENT)
     if position != len(table):
@@ -103,14 +108,17 @@ def pack(meta: Mapping[str, Any], values: Mapping[str, Any], kernel: int = 0) ->
         if argument["kind"] == "tensor":
             fields[name] = _tensor_fields(name, argument["dtype"], value)
         else:
-            if isinstance(value, bool) or not isinstance(value, int) or not -2**31 <= value <= I32_MAX:
-                raise KernargError(f"argument {name!r}: expected an i32, got {value!r}")
+            low, high = SCALAR_RANGES[argument["kind"]]
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise KernargError(f"argument {name!r}: expected an {argument['kind']}, got {value!r}")
             fields[name] = (value, value)
     buffer = bytearray(size)
     for slot in slots:
         pointer, extent = fields[slot.argument]
         if slot.part == "pointer":
             struct.pack_into("<Q", buffer, slot.offset, pointer)
+        elif slot.part == "value64":
+            struct.pack_into("<q", buffer, slot.offset, pointer)
         else:
             struct.pack_into("<i", buffer, slot.offset, extent)
     return bytes(buffer)

@@ -46,11 +46,12 @@ class LaunchShape:
 
 @dataclass(frozen=True)
 class Argument:
-    """One launcher argument, in order: a 1-D tensor (pointer + i32 length) or an i32 scalar."""
+    """One launcher argument, in order: a 1-D tensor (pointer + i32 length), an i32 scalar, or an
+    i64 scalar (a raw device address or byte count, as kernels written for another host pass)."""
 
     name: str
-    kind: str  # "tensor" or "i32"
-    dtype: str  # torch dtype name for tensors, "int32" for scalars
+    kind: str  # "tensor", "i32" or "i64"
+    dtype: str  # torch dtype name for tensors, "int32" / "int64" for scalars
     doc: str
 
     def as_dict(self) -> dict:
@@ -63,6 +64,10 @@ class Argument:
     @classmethod
     def i32(cls, name: str, doc: str) -> "Argument":
         return cls(name, "i32", "int32", doc)
+
+    @classmethod
+    def i64(cls, name: str, doc: str) -> "Argument":
+        return cls(name, "i64", "int64", doc)
 
 
 @dataclass(frozen=True)

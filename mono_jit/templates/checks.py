@@ -30,6 +30,7 @@ TENSOR_DTYPES = frozenset({
     "bool", "uint8", "int8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "bfloat16",
     "float32", "float64", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
 })
+SCALAR_DTYPES = {"i32": "int32", "i64": "int64"}  # a scalar argument's kind -> its dtype
 
 
 def checked_template(cls: Any, name: str, source: str) -> Template:
@@ -139,15 +140,15 @@ def arguments(template: Template, spec: Spec, label: str) -> tuple[Argument, ...
         if not isinstance(argument.name, str) or not _ARGUMENT.fullmatch(argument.name) or argument.name in seen:
             raise TemplateError(f"{label}: argument name {argument.name!r}: expected a distinct identifier")
         seen.add(argument.name)
-        if argument.kind not in ("tensor", "i32"):
+        if argument.kind not in SCALAR_DTYPES and argument.kind != "tensor":
             raise TemplateError(f"{label}: argument {argument.name!r} kind {argument.kind!r}: expected 'tensor' "
-                                "(a 1-D buffer: pointer + i32 length) or 'i32'")
+                                "(a 1-D buffer: pointer + i32 length), 'i32' or 'i64'")
         if argument.kind == "tensor" and argument.dtype not in TENSOR_DTYPES:
             raise TemplateError(f"{label}: argument {argument.name!r} dtype {argument.dtype!r}: expected a torch "
                                 f"dtype name ({', '.join(sorted(TENSOR_DTYPES))})")
-        if argument.kind == "i32" and argument.dtype != "int32":
-            raise TemplateError(f"{label}: argument {argument.name!r}: an i32 scalar has dtype 'int32', "
-                                f"not {argument.dtype!r}")
+        if argument.kind in SCALAR_DTYPES and argument.dtype != SCALAR_DTYPES[argument.kind]:
+            raise TemplateError(f"{label}: argument {argument.name!r}: an {argument.kind} scalar has dtype "
+                                f"{SCALAR_DTYPES[argument.kind]!r}, not {argument.dtype!r}")
     return declared
 
 
@@ -163,4 +164,4 @@ def match_kernargs(label: str, declared: tuple[Argument, ...], kernel: Any) -> N
     except MonoJitError as exc:
         names = ", ".join(f"{a.name}:{a.kind}" for a in declared)
         raise TemplateError(f"{exc} (kernel {kernel.name}; arguments() declares {names}; the launcher's "
-                            "parameters must be these, in this order: 1-D tensors and fx.Int32)") from None
+                            "parameters must be these, in this order: 1-D tensors, fx.Int32 and fx.Int64)") from None
