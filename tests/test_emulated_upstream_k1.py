@@ -10,16 +10,16 @@ Needs AITER's FlyDSL helpers: MONO_JIT_AITER_HELPERS names their folder (.ci/run
     MONO_JIT_AITER_HELPERS=../shared/research/upstream/aiter .venv/bin/python -m pytest -q -s \\
         tests/test_emulated_upstream_k1.py      # -s prints the figures of each bucket
 
-The emulator cannot run it yet (MISSING below): the launch test xfails naming what it lacks. With
-those operations supplied outside the project from the CDNA4 pseudocode (a throw-away copy of the
-emulator, 2026-12-04), both buckets passed, and a scale read from the wrong K block of the scaled
-MFMA failed them (qr 0.31, q 0.27, 503 of 584 record bytes). Relative norm errors (max abs):
+Measured on the emulator (2026-12-04; relative norm errors, max abs in brackets; the s64 build
+spills to scratch, which the emulator does not model, so it is not run):
 
-    bucket  wave-instr  MFMAs   s    r        post/comb/pre   normed   qr (own normed)  q (own qr)
-    1       1,445,049   30,720  2.6  3.3e-7   0.8e-6..1.9e-6  2.3e-4   1.9e-7 (7.6e-6)  0 (0)
-    8       2,074,311   30,720  3.6  6.2e-6   2.1e-6..4.2e-6  3.4e-4   0 (0)            6.1e-8 (1.5e-5)
+    bucket  wave-instr  MFMAs   r        post/comb/pre   normed   qr (own normed)  q (own qr)
+    1       1,445,049   30,720  3.3e-7   0.8e-6..1.9e-6  2.3e-4   1.9e-7 (7.6e-6)  0 (0)
+    8       2,074,311   30,720  6.2e-6   2.1e-6..4.2e-6  3.4e-4   0 (0)            6.1e-8 (1.5e-5)
 
-KV records byte-identical in both. From the step alone (every stage from layer_math's own input)
+A scale read from the wrong K block of the scaled MFMA fails them (qr 0.31, q 0.27, 503 of 584
+record bytes); the mixes come from its f32 MFMAs (v_mfma_f32_16x16x4_f32), so their 1e-6 is that
+instruction's layout checked too. KV records byte-identical in both. From the step alone (every stage from layer_math's own input)
 qr is 3.2e-3 / 2.3e-3 and q 1.2e-2 / 8.6e-3 off: a summation order flips one normed bf16 ulp in
 600, and each moves every qr element a little (40% of them flip), hence the stage-by-stage check.
 """
@@ -86,14 +86,6 @@ def layer():
     return lm.random_checkpoint_layer(5, 4, False, seed=1)
 
 
-# What the emulator lacks to run upstream's K1 (measured on the s1 and s8 builds; UnsupportedCode
-# lists each with its count and first address): found by this calibration, for the emulator.
-MISSING = ("VOP1_DPP16 v_mov_b32 (quad_perm [1,0,3,2] / [2,3,0,1], row_shl / row_shr 4 and 8 with bank "
-           "masks), v_pk_mov_b32, v_mfma_f32_16x16x4_f32, v_fmamk_f32, s_brev_b32; at s8 also "
-           "v_bitop3_b32, s_min_u32, v_fmaak_f32; at s64 (not emulated here) also scratch_load / store_dword, "
-           "the private segment of its VGPR spill")
-
-
 @pytest.mark.parametrize("bucket", BUCKETS)
 def test_the_emulator_runs_upstream_k1_as_layer_math_computes_it(entries, layer, bucket):
     """Every output of the step's rows within its bound (upstream_k1_run.BOUNDS, each stage from the
@@ -102,14 +94,9 @@ def test_the_emulator_runs_upstream_k1_as_layer_math_computes_it(entries, layer,
     import layer_math as lm
     import upstream_k1_run as run
 
-    from mono_jit.emulator import UnsupportedCode
-
     step = lm.random_step(layer, m=bucket, seed=bucket)
     buffers = run.k1_buffers(layer, step)
-    try:
-        report = run.launch(get(NAME), entries[bucket], buffers)
-    except UnsupportedCode as exc:
-        pytest.xfail(f"the emulator cannot run upstream's K1 yet ({MISSING}): {exc}")
+    report = run.launch(get(NAME), entries[bucket], buffers)
     got = run.outputs(buffers)
     want = run.expected(layer, step, got)
     table = run.errors(got, want)

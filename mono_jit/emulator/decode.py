@@ -25,7 +25,7 @@ from . import ops
 FIELDS = 27
 
 # F_FLAGS bits.
-FLAG_OFFEN, FLAG_SC0, FLAG_SC1, FLAG_NT, FLAG_SDWA, FLAG_SADDR_OFF = (1 << i for i in range(6))
+FLAG_OFFEN, FLAG_SC0, FLAG_SC1, FLAG_NT, FLAG_SDWA, FLAG_SADDR_OFF, FLAG_DPP = (1 << i for i in range(7))
 
 VGPR0 = 256  # operand codes from 256 name VGPRs
 LITERAL = 255  # the operand code of the instruction's 32-bit literal
