@@ -26,7 +26,7 @@ from flydsl.expr import gpu, range_constexpr
 from flydsl.expr.typing import ReductionOp
 
 from ... import model
-from .._dsl import WAVE, dsl, load, load_scalar, store_scalar, wave_sum
+from .._dsl import WAVE, dsl, load, load_code, load_scalar, store_scalar, wave_sum
 from .._gemv import FP4, mfma
 from .._numerics import VEC, bf16_round, load8_f32, mx_store, sigmoid
 from ..k1 import addressing as ad
@@ -139,7 +139,7 @@ def fp4_steps(w16, s8, expert, tile, w_rows: int, k: int, acts, steps, lane, row
     accs = [fx.Vector.filled(4, 0.0, fx.Float32) for _ in range_constexpr(row_tiles)]
     for step, keep in steps:
         a = fp4_operand(w16, ma.weight_offset(expert, tile, step, lane, w_rows, k))
-        scale_a = load_scalar(s8, ma.scale_offset(expert, tile, step, lane, w_rows, k), fx.Uint8).to(fx.Int32)
+        scale_a = load_code(s8, ma.scale_offset(expert, tile, step, lane, w_rows, k))
         pieces, block = ad.operand_pieces(step, lane), ad.operand_block(step, lane)
         for t in range_constexpr(row_tiles):
             token = ad.operand_token(t, lane)
@@ -191,7 +191,7 @@ class PickRows:
 
     def scale(self, token, block):
         row = fx.max(self.pick(token), 0)
-        return load_scalar(self.u8, ad.mx_scale_offset(self.scales, row, block, self.k), fx.Uint8).to(fx.Int32)
+        return load_code(self.u8, ad.mx_scale_offset(self.scales, row, block, self.k))
 
 
 @dsl
