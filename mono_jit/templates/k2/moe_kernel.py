@@ -15,7 +15,8 @@ in moe_reference.py); kernel.py runs them after part one's stages in the same la
   S15 sums its 8 waves' K parts through LDS and scatters each row's result to its pick; S17
   gives each wave one output tile (K = 384, no split) and gathers its B rows by pick.
 - S13 / S16: the clamped SwiGLU of a row (shared) or a pick (routed), bf16, MXFP8.
-- S18: a row's picks summed in top-k order (f32, then bf16) plus the shared output (bf16),
+- S18: a row's top-k entries summed in order (f32, then bf16), each read from its expert's pick
+  (row_pick: an expert a hash row names twice counts twice), plus the shared output (bf16),
   rounded, pushed as part one's S6 pushes into the MoE peer regions; S19 reduces as S7 into
   `out`.
 """
@@ -57,6 +58,18 @@ def logits_task(gate8, x8, f32, logits_at, task, m, wave, lane):
             store_scalar(f32, logits_at + row * E + expert, acc, fx.Float32)
 
 
+def row_pick(ids, row, expert):
+    """The pick S11 gives `expert` in row `row` (`ids`: the row's six ids): row x 6 + the last
+    entry naming it, or -1. A hash row may name an expert twice (tid2eid is the checkpoint's);
+    S15-S17 then compute it once, at this pick, and S18 reads this pick for both entries, so
+    each counts, as vLLM's FusedMoE counts every top-k entry (their weights are one score over
+    one sum, bit for bit equal)."""
+    pick = fx.Int32(-1)
+    for j in range_constexpr(TOPK):
+        pick = (ids[j] == expert).select(row * TOPK + j, pick)
+    return pick
+
+
 @dsl
 def union_task(i32, lds_moe, ids_at, union_at, size_at, pick_at, rows: int, m, tid):
     """The step's union of chosen experts (slot order = expert order), its size, and pick_of
@@ -90,9 +103,8 @@ def union_task(i32, lds_moe, ids_at, union_at, size_at, pick_at, rows: int, m, t
         pick = fx.Int32(-1)
         if row < m:
             expert = fx.memref_load(lds_moe, fx.min(entry_slot, E - 1))
-            for j in range_constexpr(TOPK):
-                hit = load_scalar(i32, ids_at + row * TOPK + j, fx.Int32) == expert
-                pick = hit.select(row * TOPK + j, pick)
+            pick = row_pick([load_scalar(i32, ids_at + row * TOPK + j, fx.Int32) for j in range_constexpr(TOPK)],
+                            row, expert)
         if entry < size * rows:
             store_scalar(i32, pick_at + entry, pick, fx.Int32)
     gpu.barrier()  # lds_moe is free again
@@ -210,14 +222,18 @@ def store_down(accs, acts, f32, weights_at, y_at, tile, m, lane):
 # -- S18: the rank's MoE partial -------------------------------------------------------------------
 
 def partial_pair(f32, i32, ids_at, y_at, shared_at, row, col, live):
-    """(bf16 pair word inputs) of (row, col, col + 1): bf16(bf16(sum of the row's valid picks in
-    top-k order) + bf16(shared)), 0 for a pad row (moe_reference.moe_partial)."""
+    """(bf16 pair word inputs) of (row, col, col + 1): bf16(bf16(sum of the row's valid entries
+    in top-k order) + bf16(shared)), 0 for a pad row (moe_reference.moe_partial); each entry's
+    down output read from its expert's pick in the row (row_pick: an expert named twice counts
+    twice)."""
+    ids = [load_scalar(i32, ids_at + row * TOPK + j, fx.Int32) for j in range_constexpr(TOPK)]
     routed = [fx.Float32(0.0), fx.Float32(0.0)]
     for j in range_constexpr(TOPK):
-        expert = load_scalar(i32, ids_at + row * TOPK + j, fx.Int32)
+        expert = ids[j]
         valid = (expert >= 0) & (expert < E)
+        pick = row_pick(ids, row, expert)  # row x 6 + j or a later entry: a row of y_at either way
         for d in range_constexpr(2):
-            y = load_scalar(f32, y_at + (row * TOPK + j) * H + col + d, fx.Float32)
+            y = load_scalar(f32, y_at + pick * H + col + d, fx.Float32)
             routed[d] = routed[d] + valid.select(y, 0.0)
     out = []
     for d in range_constexpr(2):
