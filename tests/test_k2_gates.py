@@ -2,9 +2,9 @@
 gfx950 through the service, fits the persistent grid (one CTA a CU, two waves a SIMD) with no
 scratch and no spilled register, and its ISA holds what the design relies on: the scaled MFMAs
 of wo_a and wo_b, system-scope (SC0 SC1) 8-byte pair stores and polls for the all-reduce,
-agent-scope hand-offs, the traps, hardware fp8 conversions, scale codes loaded zero-extended (the
-records' UE8M0 codes included: the emulator does not run K2 yet, so this is their test). No GPU
-needed; tests/test_gpu_k2.py runs the kernel."""
+agent-scope hand-offs, the traps, hardware fp8 conversions, scale codes loaded zero-extended
+(tests/test_k2_emulated_attention.py runs the records' codes on the emulator). No GPU needed;
+tests/test_gpu_k2.py runs the kernel."""
 
 from __future__ import annotations
 
