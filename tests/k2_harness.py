@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from k2_inputs import COMP_BLOCK, COMP_STRIDE, SWA_BLOCK, SWA_STRIDE, World
+from k2_inputs import COMP_BLOCK, COMP_STRIDE, KV_GAIN, SWA_BLOCK, SWA_STRIDE, World
 
 from mono_jit.templates.k1 import reference as k1
 from mono_jit.templates.k2 import reference as ref
@@ -222,8 +222,8 @@ class K2Run:
 
     def check_attention(self, want: ref.K2Outputs) -> None:
         """The merged, inverse-RoPE'd attention output (MXFP8 in the scratch) against the
-        reference's, dequantised (an e4m3 step of tolerance)."""
+        reference's, dequantised (an e4m3 step of tolerance; o is the world's KV_GAIN x a normed o)."""
         s, m = self.scratch(), self.m
         got = k1.mxfp8_dequantize(s["xo_codes"][:m], s["xo_scales"][:m])
         close = torch.testing.assert_close
-        close(got, k1.mxfp8_dequantize(want.rank.xo_codes, want.rank.xo_scales), rtol=0.07, atol=0.02)
+        close(got, k1.mxfp8_dequantize(want.rank.xo_codes, want.rank.xo_scales), rtol=0.07, atol=0.02 * KV_GAIN)

@@ -2,7 +2,13 @@
 7168, 8 ranks), few rows and keys; records in the real fp8_ds_mla encoding (K1's kv_record /
 kv_insert) in a paged SWA cache and a paged compressed cache; weights in vLLM's per-rank layouts
 (wo_a rows padded by 256 bytes of e4m3 NaN, wo_b AITER-preshuffled, E8M0 block scales) cut from
-unsharded ones. tests/test_k2_reference.py and the gfx950 harness (tests/k2_harness.py) use it."""
+unsharded ones. tests/test_k2_reference.py and the gfx950 harness (tests/k2_harness.py) use it.
+
+The KV values are KV_GAIN times a normed kv's and q is 1 / KV_GAIN times a normed q: every score
+q . k, and so the softmax, is the normed world's exactly (powers of two), while the records'
+UE8M0 codes sit at 127..129, on both sides of a byte's sign bit (a code read sign-extended
+flips its 64 dims, issue 23). o is KV_GAIN larger; wo_a's codes are KV_GAIN_BITS lower, so z
+and everything after it keep their normed magnitudes."""
 
 from __future__ import annotations
 
@@ -22,6 +28,8 @@ SWA_BLOCK, SWA_PAGES, COMP_BLOCK, COMP_PAGES = 64, 5, 16, 16
 SWA_STRIDE, COMP_STRIDE = SWA_BLOCK * 584 + 128, COMP_BLOCK * 584 + 64  # page strides past the records
 POISON_SWA = range(4 * SWA_BLOCK, 5 * SWA_BLOCK)  # NaN records: only ever masked keys point here
 POISON_COMP = range(15 * COMP_BLOCK, 16 * COMP_BLOCK)
+KV_GAIN_BITS = 8
+KV_GAIN = 2 ** KV_GAIN_BITS
 POSITIONS = [37, 300, 400]  # row 1 is graph padding
 PAD = 1
 EPS = 1e-6
@@ -59,7 +67,7 @@ def full_weights(seed: int = 0) -> FullWeights:
     g = torch.Generator().manual_seed(seed)
     return FullWeights(
         sink=torch.randn(HEADS, generator=g) + 2.0,
-        wo_a=random_fp8(GROUPS * O_LORA, GROUP_K, g), s_woa=scale_codes(128, 32, g),
+        wo_a=random_fp8(GROUPS * O_LORA, GROUP_K, g), s_woa=scale_codes(128, 32, g) - KV_GAIN_BITS,
         wo_b=random_fp8(H, GROUPS * O_LORA, g), s_wob=scale_codes(56, 128, g),
         rope=rope_table(512, g), hc_fn=torch.randn(24, 4 * H, generator=g) * 0.01,
         hc_base=torch.randn(24, generator=g) * 0.1, hc_scale=torch.rand(3, generator=g) + 0.5,
@@ -89,10 +97,10 @@ class World:
 
 def paged_cache(block: int, pages: int, stride: int, poison: range, g: torch.Generator
                 ) -> tuple[ref.PagedCache, dict[int, torch.Tensor]]:
-    """A cache of random bf16-valued kv records, and NaN records at the poison slots."""
+    """A cache of kv records of KV_GAIN x random bf16 values, and NaN records at the poison slots."""
     cache = ref.PagedCache(torch.zeros(pages * stride, dtype=torch.uint8), stride, block)
     slots = torch.arange(block * pages)
-    records = k1.kv_record(torch.randn(len(slots), D, generator=g).to(torch.bfloat16).float())
+    records = k1.kv_record(torch.randn(len(slots), D, generator=g).to(torch.bfloat16).float() * KV_GAIN)
     records[list(poison), :NOPE] = 0x7F
     k1.kv_insert(cache.data, records, slots, stride, block)
     return cache, {int(s): rec for s, rec in zip(slots, records)}
@@ -136,7 +144,7 @@ def world(ratio: int, seed: int = 1) -> World:
             row += [("comp", int(s)) for s in slots]
         keys.append(row)
     q = torch.randn(m, HEADS, D, generator=g)
-    q = (q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + EPS)).to(torch.bfloat16)
+    q = (q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + EPS) / KV_GAIN).to(torch.bfloat16)
     inputs = ref.K2Inputs(
         q=q, positions=torch.tensor(POSITIONS), slot_mapping=torch.tensor([5, -1, 9]), swa_indices=swa_indices,
         swa_lens=swa_lens, topk=topk, ratio=ratio, swa_cache=swa_cache, comp_cache=comp_cache,

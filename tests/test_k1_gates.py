@@ -1,13 +1,15 @@
 """Static gates of K1 for every max-tokens bucket at TP8: it compiles for gfx950 through the
 service, fits the persistent grid with no scratch or spills, and its ISA holds what the design
 relies on (scaled MFMA for both GEMVs, agent-scope release / acquire, the exit atomic, hardware
-fp8 conversion). These need no GPU; tests/test_gpu.py runs the kernel."""
+fp8 conversion, scale codes loaded zero-extended). These need no GPU; tests/test_gpu.py runs the
+kernel."""
 
 from __future__ import annotations
 
 import re
 
 import pytest
+from byte_loads import assert_codes_load_unsigned
 from cache_settings import cached_builds, settings_at
 
 from mono_jit.cache.store import Store
@@ -69,6 +71,7 @@ def test_k1_isa_has_the_instructions_the_design_relies_on(k1_builds, rows):
                                                    "v_pk_min_f32"))]
     # Every buffer resource has a real size: none carries FlyDSL's unbounded 0xFFFFFFFF.
     assert not re.search(r"s_mov_b32 s\d+, -1\s", listing)
+    assert_codes_load_unsigned(counts)
 
 
 def test_k1_key_reads_only_tp_and_max_tokens():

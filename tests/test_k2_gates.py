@@ -2,14 +2,16 @@
 gfx950 through the service, fits the persistent grid (one CTA a CU, two waves a SIMD) with no
 scratch and no spilled register, and its ISA holds what the design relies on: the scaled MFMAs
 of wo_a and wo_b, system-scope (SC0 SC1) 8-byte pair stores and polls for the all-reduce,
-agent-scope hand-offs, the traps, hardware fp8 conversions. No GPU needed; tests/test_gpu_k2.py
-runs the kernel."""
+agent-scope hand-offs, the traps, hardware fp8 conversions, scale codes loaded zero-extended
+(tests/test_k2_emulated_attention.py runs the records' codes on the emulator). No GPU needed;
+tests/test_gpu_k2.py runs the kernel."""
 
 from __future__ import annotations
 
 import re
 
 import pytest
+from byte_loads import assert_codes_load_unsigned
 from cache_settings import cached_builds
 
 from mono_jit.config import Settings
@@ -85,6 +87,7 @@ def test_k2_isa_has_the_instructions_the_design_relies_on(k2_builds, build):
     assert counts["v_cvt_pk_fp8_f32"] >= 8  # MXFP8 of o, z and the normed row
     assert not [m for m in counts if m.startswith("scratch_")]
     assert not re.search(r"s_mov_b32 s\d+, -1\s", listing)  # every buffer resource has a real size
+    assert_codes_load_unsigned(counts)
 
 
 def test_k2_key_reads_tp_ratio_width_and_max_tokens():

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 import torch
-from hook_inputs import Dims, expected_front, hook_step, layer_weights, random_weights
+from hook_inputs import Dims, expected_front, hook_step, layer_weights, random_weights, record_view
 
 from mono_jit.errors import CaptureError
 from mono_jit.runtime import runner as runner_module
@@ -76,6 +76,23 @@ def test_hook_tensors_that_do_not_fit_are_refused_by_name(weights):
     args = list(step.args)
     args[5] = args[5].to(torch.int32)
     with pytest.raises(ValueError, match="positions"):
+        runner.forward(*args, **step.kwargs)
+
+
+@pytest.mark.parametrize("cache", ["swa_cache", "comp_cache"])
+def test_a_page_stride_off_the_16_byte_chunks_is_refused_by_name(weights, cache):
+    """The kernels read a record's bytes as 16-byte chunks of the cache (offset // 16): a page
+    stride that is not a multiple of 16 would read other bytes without a sign (issue 23)."""
+    runner = front_runner()
+    step = hook_step(weights, 2, False)
+    stride = 64 * 584 + 8
+    off = record_view(torch.zeros(4, stride, dtype=torch.uint8), 64)
+    args = list(step.args)
+    if cache == "swa_cache":
+        args[7] = off
+    else:
+        step.kwargs["comp_cache"] = off
+    with pytest.raises(ValueError, match=f"{cache}: page stride {stride} bytes; expected a multiple of 16"):
         runner.forward(*args, **step.kwargs)
 
 

@@ -43,6 +43,7 @@ from ..errors import CaptureError
 from ..resolve import capturing
 from ..spec import STANDARD_MAX_TOKENS, bucket_for
 from ..templates import get
+from ..templates.k2.addressing import RECORD_CHUNK
 from ..templates.k2.moe_layout import TOPK
 from .agree import agree
 from .backends import Backend, Kernel, backend as make_backend
@@ -125,6 +126,9 @@ class HookCall:
                     cache.stride()[1:] != (RECORD, 1):
                 raise ValueError(f"{name}: {tuple(cache.shape)} {cache.dtype} strides {cache.stride()}; expected "
                                  f"uint8 [pages, block, {RECORD}] with rows {RECORD} bytes apart")
+            if cache.stride(0) % RECORD_CHUNK:  # a record's chunks would straddle others' bytes, unnoticed
+                raise ValueError(f"{name}: page stride {cache.stride(0)} bytes; expected a multiple of {RECORD_CHUNK} "
+                                 f"(K2 reads the records as {RECORD_CHUNK}-byte chunks of the cache)")
         self._check_tables(m, hca_width)
 
     def _check_tables(self, m: int, hca_width: int) -> None:

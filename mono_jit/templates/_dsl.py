@@ -9,7 +9,7 @@ import operator
 
 import flydsl.expr as fx
 from flydsl._mlir import ir
-from flydsl._mlir.dialects import llvm
+from flydsl._mlir.dialects import arith, llvm
 from flydsl.compiler.ast_rewriter import ASTRewriter
 from flydsl.expr import range_constexpr
 
@@ -55,6 +55,29 @@ def load(view, index, dtype, width: int = 1):
 
 def load_scalar(view, index, dtype):
     return load(view, index, dtype)[0]
+
+
+def unsigned_byte(byte):
+    """A loaded byte zero-extended to i32 (buffer_load_ubyte / global_load_ubyte).
+
+    Not `.to(fx.Int32)`: FlyDSL extends a loaded i8 by the target type's signedness (Int32 is
+    signed; flydsl/expr/numeric.py, Integer.__init__), so that sign-extends (buffer_load_sbyte)
+    and a code of 128 or more came out negative: a negative scale in S2's 2^(code - 127) (issue
+    23). The scaled MFMA reads one byte of its scale operands, so there it did no harm, but every
+    code takes this one path and none is signed anywhere (tests/byte_loads.py gates the ISA)."""
+    return fx.Int32(arith.extui(ir.IntegerType.get_signless(32), fx.Uint8(byte).ir_value()))
+
+
+def load_code(view, index):
+    """Byte `index` of a flat byte view as an unsigned code: an i32 from 0 to 255 (0 past the
+    buffer's end), for every byte that is an E8M0 / UE8M0 scale code."""
+    return unsigned_byte(load_scalar(view, index, fx.Uint8))
+
+
+def pointer_code(pointer, index):
+    """Byte `index` at a byte pointer as an unsigned code (load_code's form for a plain global
+    load, as pointer_load is load_scalar's)."""
+    return unsigned_byte(pointer_load(pointer, index))
 
 
 def store_scalar(view, index, value, dtype) -> None:

@@ -12,7 +12,7 @@ import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl.expr import gpu, range_constexpr
 
-from ._dsl import WAVE, dsl, load, load_scalar, pointer_load, store_scalar
+from ._dsl import WAVE, dsl, load, load_code, pointer_code, store_scalar
 from .k1 import addressing as ad
 from .k1.layout import THREADS, TILE_N, WAVES
 
@@ -53,7 +53,7 @@ class Fp8Weight:
         return operand(self.view, self._offset(row, pieces[0]), self._offset(row, pieces[1]))
 
     def scale(self, row, step):
-        return pointer_load(self.scales, ad.block_scale_index(row, step, self.k)).to(fx.Int32)
+        return pointer_code(self.scales, ad.block_scale_index(row, step, self.k))
 
 
 class Mxfp8Rows:
@@ -67,7 +67,7 @@ class Mxfp8Rows:
                         ad.mx_code_offset(self.codes, token, pieces[1], self.k))
 
     def scale(self, token, block):
-        return load_scalar(self.u8, ad.mx_scale_offset(self.scales, token, block, self.k), fx.Uint8).to(fx.Int32)
+        return load_code(self.u8, ad.mx_scale_offset(self.scales, token, block, self.k))
 
 
 def gemv_steps(weight, acts, w_row, steps, lane, row_tiles):

@@ -11,6 +11,7 @@ from ..k1.layout import HEAD_DIM, MX_BLOCK, NOPE, TILE_N
 from .layout import HEADS_PER_GROUP, O_LORA, WOA_PARTS, K2Layout
 
 WAVE = 64
+RECORD_CHUNK = 16  # bytes: S2 reads a record's data as 16-byte chunks of the cache (byte offset // 16)
 SLICE = HEAD_DIM // 32  # S2: 16 dims a lane, 32 lanes a head
 NOPE_SLICES = NOPE // SLICE  # 28 lanes of a head read e4m3 bytes, the last 4 bf16 RoPE dims
 GROUP_K = HEADS_PER_GROUP * HEAD_DIM  # wo_a's K a group: its 8 heads' 512 dims

@@ -52,8 +52,8 @@ from flydsl.expr import const_expr, gpu, range_constexpr
 
 from ... import model
 from ...spec import Spec
-from .._dsl import (WAVE, butterfly, dsl, flat_view, fresh, fresh_pointer, fresh_scalar, load, load_global, load_scalar, pointer_load, store,
-                    store_scalar, table_entry, table_pointer, typed_view)
+from .._dsl import (WAVE, butterfly, dsl, flat_view, fresh, fresh_pointer, fresh_scalar, load, load_code, load_global,
+                    load_scalar, pointer_load, store, store_scalar, table_entry, table_pointer, typed_view)
 from .._gemv import Fp8Weight, Mxfp8Rows, gemv_reduce, gemv_steps
 from .._numerics import LOG2E, VEC, bf16_round, e8m0_scale, fp8x4_to_f32, load8_f32, mx_store, rope8
 from .._seam import fold_row, mix_weights, seam_row
@@ -110,7 +110,7 @@ def _key_slice(data16, data8, slot, page_stride, block, s):
     at = k2a.record_piece(data, s)
     first = load(data16, at // 16, fx.Uint8, 16).bitcast(fx.Int32)
     second = load(data16, at // 16 + 1, fx.Uint8, 16).bitcast(fx.Int32)
-    code = load_scalar(data8, k2a.record_code(scales, s), fx.Uint8).to(fx.Int32)
+    code = load_code(data8, k2a.record_code(scales, s))
     scale = e8m0_scale(code)
     nope = []
     for w in range_constexpr(4):
@@ -428,6 +428,7 @@ def _entry(table, names: tuple[str, ...], name: str, dtype, like):
 
 
 ALL_STAGES = frozenset(range(1, 20))
+PEER_STAGES = frozenset({6, 7, 18, 19})  # the stages that push to or poll the peer buffers
 
 
 def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
@@ -460,7 +461,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
         tag = step_tag(Sync)
         half_at = ((tag - 1) & 1) * half_words  # the peer half of this launch's epoch parity
         arrive(Sync, tid)
-        if const_expr((6 in stages) | (7 in stages)):
+        if const_expr(bool(stages & PEER_STAGES)):
             _stage_peer_addresses(Peers, lds_peers, tid)
 
         def work_views():

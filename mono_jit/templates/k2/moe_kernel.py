@@ -15,7 +15,8 @@ in moe_reference.py); kernel.py runs them after part one's stages in the same la
   S15 sums its 8 waves' K parts through LDS and scatters each row's result to its pick; S17
   gives each wave one output tile (K = 384, no split) and gathers its B rows by pick.
 - S13 / S16: the clamped SwiGLU of a row (shared) or a pick (routed), bf16, MXFP8.
-- S18: a row's picks summed in top-k order (f32, then bf16) plus the shared output (bf16),
+- S18: a row's top-k entries summed in order (f32, then bf16), each read from its expert's pick
+  (row_pick: an expert a hash row names twice counts twice), plus the shared output (bf16),
   rounded, pushed as part one's S6 pushes into the MoE peer regions; S19 reduces as S7 into
   `out`.
 """
@@ -26,7 +27,7 @@ from flydsl.expr import gpu, range_constexpr
 from flydsl.expr.typing import ReductionOp
 
 from ... import model
-from .._dsl import WAVE, dsl, load, load_scalar, store_scalar, wave_sum
+from .._dsl import WAVE, dsl, load, load_code, load_scalar, store_scalar, wave_sum
 from .._gemv import FP4, mfma
 from .._numerics import VEC, bf16_round, load8_f32, mx_store, sigmoid
 from ..k1 import addressing as ad
@@ -55,6 +56,18 @@ def logits_task(gate8, x8, f32, logits_at, task, m, wave, lane):
         acc = wave_sum(acc)
         if lane == 0:
             store_scalar(f32, logits_at + row * E + expert, acc, fx.Float32)
+
+
+def row_pick(ids, row, expert):
+    """The pick S11 gives `expert` in row `row` (`ids`: the row's six ids): row x 6 + the last
+    entry naming it, or -1. A hash row may name an expert twice (tid2eid is the checkpoint's);
+    S15-S17 then compute it once, at this pick, and S18 reads this pick for both entries, so
+    each counts, as vLLM's FusedMoE counts every top-k entry (their weights are one score over
+    one sum, bit for bit equal)."""
+    pick = fx.Int32(-1)
+    for j in range_constexpr(TOPK):
+        pick = (ids[j] == expert).select(row * TOPK + j, pick)
+    return pick
 
 
 @dsl
@@ -90,9 +103,8 @@ def union_task(i32, lds_moe, ids_at, union_at, size_at, pick_at, rows: int, m, t
         pick = fx.Int32(-1)
         if row < m:
             expert = fx.memref_load(lds_moe, fx.min(entry_slot, E - 1))
-            for j in range_constexpr(TOPK):
-                hit = load_scalar(i32, ids_at + row * TOPK + j, fx.Int32) == expert
-                pick = hit.select(row * TOPK + j, pick)
+            pick = row_pick([load_scalar(i32, ids_at + row * TOPK + j, fx.Int32) for j in range_constexpr(TOPK)],
+                            row, expert)
         if entry < size * rows:
             store_scalar(i32, pick_at + entry, pick, fx.Int32)
     gpu.barrier()  # lds_moe is free again
@@ -139,7 +151,7 @@ def fp4_steps(w16, s8, expert, tile, w_rows: int, k: int, acts, steps, lane, row
     accs = [fx.Vector.filled(4, 0.0, fx.Float32) for _ in range_constexpr(row_tiles)]
     for step, keep in steps:
         a = fp4_operand(w16, ma.weight_offset(expert, tile, step, lane, w_rows, k))
-        scale_a = load_scalar(s8, ma.scale_offset(expert, tile, step, lane, w_rows, k), fx.Uint8).to(fx.Int32)
+        scale_a = load_code(s8, ma.scale_offset(expert, tile, step, lane, w_rows, k))
         pieces, block = ad.operand_pieces(step, lane), ad.operand_block(step, lane)
         for t in range_constexpr(row_tiles):
             token = ad.operand_token(t, lane)
@@ -191,7 +203,7 @@ class PickRows:
 
     def scale(self, token, block):
         row = fx.max(self.pick(token), 0)
-        return load_scalar(self.u8, ad.mx_scale_offset(self.scales, row, block, self.k), fx.Uint8).to(fx.Int32)
+        return load_code(self.u8, ad.mx_scale_offset(self.scales, row, block, self.k))
 
 
 @dsl
@@ -210,14 +222,18 @@ def store_down(accs, acts, f32, weights_at, y_at, tile, m, lane):
 # -- S18: the rank's MoE partial -------------------------------------------------------------------
 
 def partial_pair(f32, i32, ids_at, y_at, shared_at, row, col, live):
-    """(bf16 pair word inputs) of (row, col, col + 1): bf16(bf16(sum of the row's valid picks in
-    top-k order) + bf16(shared)), 0 for a pad row (moe_reference.moe_partial)."""
+    """(bf16 pair word inputs) of (row, col, col + 1): bf16(bf16(sum of the row's valid entries
+    in top-k order) + bf16(shared)), 0 for a pad row (moe_reference.moe_partial); each entry's
+    down output read from its expert's pick in the row (row_pick: an expert named twice counts
+    twice)."""
+    ids = [load_scalar(i32, ids_at + row * TOPK + j, fx.Int32) for j in range_constexpr(TOPK)]
     routed = [fx.Float32(0.0), fx.Float32(0.0)]
     for j in range_constexpr(TOPK):
-        expert = load_scalar(i32, ids_at + row * TOPK + j, fx.Int32)
+        expert = ids[j]
         valid = (expert >= 0) & (expert < E)
+        pick = row_pick(ids, row, expert)  # row x 6 + j or a later entry: a row of y_at either way
         for d in range_constexpr(2):
-            y = load_scalar(f32, y_at + (row * TOPK + j) * H + col + d, fx.Float32)
+            y = load_scalar(f32, y_at + pick * H + col + d, fx.Float32)
             routed[d] = routed[d] + valid.select(y, 0.0)
     out = []
     for d in range_constexpr(2):

@@ -19,9 +19,10 @@ Semantics: moe_reference.py; device code: moe_kernel.py.
   S16 routed act     task = pick (row, top-k slot): clamped SwiGLU, bf16, MXFP8.
   S17 routed down    task = (union slot, 8 tiles of 16 outputs), a wave a tile (K = 384 needs no
                      split-K): each pick's output times its routing weight.
-  S18 partial        task = 16-column tile: bf16(bf16(sum of the row's picks in top-k order) +
-                     bf16(shared)) pushed as (bf16 pair, tag), as S6 pushes (one or two hops),
-                     into the MoE region of the peers' buffers.
+  S18 partial        task = 16-column tile: bf16(bf16(sum of the row's top-k entries in order,
+                     each its expert's pick: a hash row naming an expert twice has one pick, the
+                     last entry, counted for both) + bf16(shared)) pushed as (bf16 pair, tag),
+                     as S6 pushes (one or two hops), into the MoE region of the peers' buffers.
   S19 reduce         K1's S1 table: the ranks' partials summed in rank order (S7's scheme) into
                      the layer's `out`.
 
@@ -261,7 +262,8 @@ class K2MoeLayout(K2Layout):
 
     @property
     def pick_of(self) -> int:
-        """[union_max, rows] (slot, row) -> the row's pick of that slot's expert, or -1."""
+        """[union_max, rows] (slot, row) -> the row's pick of that slot's expert (its last entry
+        naming it, moe_kernel.row_pick), or -1."""
         return self.union_size + 1
 
     @property
