@@ -151,12 +151,9 @@ def test_fp8_and_bf16_conversions(kernels):
     assert torch.equal(decoded[~want.isnan()].view(torch.int32), want[~want.isnan()].view(torch.int32))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="a kernel-side defect the emulator shows, not an emulator one: FlyDSL lowers "
-                          "Uint8.to(Int32) to a sign extension (buffer_load_sbyte), so a UE8M0 code >= 128 "
-                          "widens negative and e8m0_scale gives -2^(code - 127) (k2/kernel.py reads KV scale "
-                          "codes this way)")
 def test_a_ue8m0_byte_widens_to_its_code_and_scale(kernels):
+    """_dsl.load_code, every template's path for a scale code: 128 and above stay positive (a
+    plain Uint8.to(Int32) sign-extends: issue 23's defect, which this test failed on)."""
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
     widened, scales = torch.zeros(256, dtype=torch.int32), torch.zeros(256)
     kernels["byte_codes"].launch(_machine({"codes": codes}, widened=widened, scales=scales),

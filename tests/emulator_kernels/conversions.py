@@ -11,7 +11,7 @@ import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl.expr import range_constexpr
 
-from mono_jit.templates._dsl import WAVE, flat_view, load_scalar, store, store_scalar
+from mono_jit.templates._dsl import WAVE, flat_view, load_code, load_scalar, store, store_scalar
 from mono_jit.templates._numerics import bf16x8, e8m0_scale, fp8x4_to_f32, fp8x8, load8_f32
 
 from .catalogue import MicroKernel, tensors
@@ -35,7 +35,7 @@ def byte_codes_kernel(Codes: fx.Tensor, Widened: fx.Tensor, Scales: fx.Tensor):
     lane = fx.thread_idx.x
     for rep in range_constexpr(CODES_PER_LANE):
         at = rep * WAVE + lane
-        code = load_scalar(flat_view(Codes), at, fx.Uint8).to(fx.Int32)
+        code = load_code(flat_view(Codes), at)  # the templates' one path for a scale code
         store_scalar(flat_view(Widened), at, code, fx.Int32)
         store_scalar(flat_view(Scales), at, e8m0_scale(code), fx.Float32)
 
