@@ -340,44 +340,59 @@ def vmem(P, i, w, S, V, T, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, d, ex, op):
             stored = True
             continue
         nbytes = size * dwords
-        for part in range(dwords):
-            at = address + 4 * part
-            if is_buffer and (offset + 4 * part + size > records):
-                if not storing:
+        # Raw buffers check each dword: offset + 4 part + size > records is out of range. The
+        # offsets grow with the part, so the parts in range are a prefix of the access.
+        parts = dwords
+        if is_buffer:
+            parts = 0
+            while parts < dwords and offset + 4 * parts + size <= records:
+                parts += 1
+            if not storing:
+                for part in range(parts, dwords):
                     V[w, dst + part, lane] = 0
+            if parts == 0:
                 continue
-            k = find(ALLOC, at, size, hint)
-            if k < 0:
-                return fault(CTL, FAULT_UNMAPPED, w, i, lane, at, nbytes, 0)
-            if k != hint:  # the allocation's bytes, fetched from the list once per allocation
-                hint, mem, weight = k, BUFS[k], ALLOC[k, 2] & 2
-                if weight:
-                    touched = TOUCH[k]
-            off = at - ALLOC[k, 0]
-            if storing:
-                if not ALLOC[k, 2] & 1:
-                    return fault(CTL, FAULT_READ_ONLY, w, i, lane, at, nbytes, 0)
+        span = 4 * (parts - 1) + size
+        k = find(ALLOC, address, span, hint)
+        if k < 0:  # report the first part outside every allocation
+            at = address
+            for part in range(parts):
+                at = address + 4 * part
+                if find(ALLOC, at, size, -1) < 0:
+                    break
+            return fault(CTL, FAULT_UNMAPPED, w, i, lane, at, nbytes, 0)
+        if k != hint:  # the allocation's bytes, fetched from the list once per allocation
+            hint, mem, weight = k, BUFS[k], ALLOC[k, 2] & 2
+            if weight:
+                touched = TOUCH[k]
+        off = address - ALLOC[k, 0]
+        if storing:
+            if not ALLOC[k, 2] & 1:
+                return fault(CTL, FAULT_READ_ONLY, w, i, lane, address, nbytes, 0)
+            for part in range(parts):
                 value = np.int64(V[w, data + part, lane])
                 for byte in range(size):
-                    mem[off + byte] = value >> (8 * byte) & 0xFF
-                ABYTES[k, 2 * kind + 1] += size
-                CNT[d, CNT_WRITTEN] += size
-                stored = True
-            else:
-                v = np.int64(mem[off])
-                if size > 1:
-                    v |= np.int64(mem[off + 1]) << 8
-                if size > 2:
-                    v |= np.int64(mem[off + 2]) << 16 | np.int64(mem[off + 3]) << 24
-                if signed:
-                    v = (v - (1 << (8 * size)) if v >> (8 * size - 1) & 1 else v) & M32
-                V[w, dst + part, lane] = v
-                WS[w, WS_POLL] = at
-                if weight:  # the 4-byte granules the read reached
-                    touched[off >> 2] = 1
-                    touched[(off + size - 1) >> 2] = 1
-                ABYTES[k, 2 * kind] += size
-                CNT[d, CNT_READ] += size
+                    mem[off + 4 * part + byte] = value >> (8 * byte) & 0xFF
+            ABYTES[k, 2 * kind + 1] += size * parts
+            CNT[d, CNT_WRITTEN] += size * parts
+            stored = True
+            continue
+        for part in range(parts):
+            at = off + 4 * part
+            v = np.int64(mem[at])
+            if size > 1:
+                v |= np.int64(mem[at + 1]) << 8
+            if size > 2:
+                v |= np.int64(mem[at + 2]) << 16 | np.int64(mem[at + 3]) << 24
+            if signed:
+                v = (v - (1 << (8 * size)) if v >> (8 * size - 1) & 1 else v) & M32
+            V[w, dst + part, lane] = v
+        WS[w, WS_POLL] = address + 4 * (parts - 1)
+        if weight:  # the 4-byte granules the read reached
+            for granule in range(off >> 2, ((off + span - 1) >> 2) + 1):
+                touched[granule] = 1
+        ABYTES[k, 2 * kind] += size * parts
+        CNT[d, CNT_READ] += size * parts
     if stored:
         CTL[C_EPOCH] += 1
         CTL[C_STORES] += 1
