@@ -1,4 +1,4 @@
-"""Run vLLM 0.33's K1 code object (tests/upstream_k1.py builds it) on an emulated gfx950 the way
+"""Run vLLM 0.33's K1 code object (tests/vllm/upstream_k1.py builds it) on an emulated gfx950 the way
 vLLM's mono/runner.py launches it, and hold its outputs against tests/layer_math.py's formulation of
 the same math (`attention_seam`, `qkv_norms`, `query`).
 

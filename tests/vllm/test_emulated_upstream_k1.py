@@ -1,14 +1,14 @@
 """Calibration on hardware-proven code (issue 22 part 8): vLLM 0.33's own mono K1, which runs on
-MI355X, built through mono-jit's plug-in protocol (tests/upstream_k1.py) to the bytes
+MI355X, built through mono-jit's plug-in protocol (tests/vllm/upstream_k1.py) to the bytes
 ../shared/research/upstream-kernels.md lists, then run on the emulator as vLLM's runner launches
-it and held against tests/layer_math.py's formulation of its math (tests/upstream_k1_run.py).
+it and held against tests/layer_math.py's formulation of its math (tests/vllm/upstream_k1_run.py).
 Agreement is the evidence that the emulator's MFMAs and memory model are the hardware's.
 
 Needs AITER's FlyDSL helpers: MONO_JIT_AITER_HELPERS names their folder (.ci/run points it at
 ../shared/research/upstream/aiter); without them the tests skip, saying so.
 
     MONO_JIT_AITER_HELPERS=../shared/research/upstream/aiter .venv/bin/python -m pytest -q -s \\
-        tests/test_emulated_upstream_k1.py      # -s prints the figures of each bucket
+        tests/vllm/test_emulated_upstream_k1.py      # -s prints the figures of each bucket
 
 Measured on the emulator (2026-12-04; relative norm errors, max abs in brackets; the s64 build
 spills to scratch, which the emulator does not model, so it is not run):
