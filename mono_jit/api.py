@@ -108,14 +108,12 @@ def prebuild(templates: Iterable[str | Template] | None = None, *, tp: int = 8,
 
 
 def _count(store: Store, **counts: int) -> None:
-    """Add `counts` to the writable layer's counters (a read-only store records nothing)."""
-    from mono_jit.cache.stats import Counters, record
+    """Add `counts` to the writable layer's counters, in memory until the process exits (a
+    read-only store records nothing)."""
+    from mono_jit.cache.stats import Counters, count
 
     if store.writable.writable:
-        try:
-            record(store.writable.base, Counters(**counts))
-        except OSError:
-            pass  # counters never fail the operation they count
+        count(store.writable.base, Counters(**counts))
 
 
 def verify(*, rebuild: bool = False, jobs: int | None = None, timeout: float = 600.0,
