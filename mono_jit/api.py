@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mono_jit.cache import Entry, Store
 from mono_jit.cache.gc import GcReport
@@ -29,6 +30,9 @@ from .resolve import Resolved, resolve, resolve_many
 from .spec import RATIOS, STANDARD_MAX_TOKENS, Spec, deployment_grid
 from .templates import Template, all_templates, get
 from .verification import VerifyReport
+
+if TYPE_CHECKING:  # the bundle code loads when a bundle is made or read
+    from mono_jit.cache.bundle import Exported
 
 __all__ = ["Checks", "Explanation", "Listing", "PrebuildReport", "Resolved", "StatsReport", "VerifyReport",
            "cannot_compile_here", "clear", "default_jobs", "doctor", "explain", "export", "find_entry", "gc",
@@ -181,9 +185,9 @@ def clear(*, settings: Settings | None = None) -> int:
     return len(doomed)
 
 
-def export(bundle: Path, *, templates: Iterable[str] | None = None, settings: Settings | None = None) -> dict:
+def export(bundle: Path, *, templates: Iterable[str] | None = None, settings: Settings | None = None) -> Exported:
     """Write the served entries (of the named templates only, when given) to the tar(.gz)
-    `bundle` with a manifest of checksums; returns the manifest."""
+    `bundle` with a manifest of checksums, reproducibly; returns its manifest and sha256."""
     from mono_jit.cache.bundle import export_bundle
 
     names = None if templates is None else set(templates)
