@@ -266,16 +266,43 @@ def resolve_many(pairs: Iterable[tuple[str | Template, Spec]], *, settings: Sett
     raises. With a warm cache it imports neither FlyDSL, torch nor the compile side.
     """
     pairs = list(pairs)
-    if capturing():
-        what = ", ".join(f"{t if isinstance(t, str) else t.name}, {s.label()}" for t, s in pairs[:2])
-        raise _capture_error(what + (f", ... ({len(pairs)} pairs)" if len(pairs) > 2 else ""))
-    try:
-        session = _Session(settings, store)
-    except OSError as exc:
-        raise _disk_error(exc, settings) from None
+    session = _open(pairs, settings, store)
     try:
         return [session.resolve(get(t) if isinstance(t, str) else t, spec) for t, spec in pairs]
     except OSError as exc:
         raise _disk_error(exc, settings) from None
     finally:
         session.record_counts()
+
+
+def resolve_each(pairs: Iterable[tuple[str | Template, Spec]], *, settings: Settings | None = None,
+                 store: Store | None = None) -> list[Resolved | MonoJitError]:
+    """``resolve_many`` that goes on past a failure: each pair's Resolved, or the one-line
+    MonoJitError that pair raised (an offline miss, no toolchain to compile with, a disk error),
+    in order. What a whole-grid check reports, so one run names every miss."""
+    pairs = list(pairs)
+    session = _open(pairs, settings, store)
+    results: list[Resolved | MonoJitError] = []
+    try:
+        for t, spec in pairs:
+            try:
+                results.append(session.resolve(get(t) if isinstance(t, str) else t, spec))
+            except MonoJitError as exc:
+                results.append(exc)
+            except OSError as exc:
+                results.append(_disk_error(exc, settings))
+    finally:
+        session.record_counts()
+    return results
+
+
+def _open(pairs: list[tuple[str | Template, Spec]], settings: Settings | None, store: Store | None) -> _Session:
+    """The session a batch of pairs shares; CaptureError inside a graph capture, a disk error as
+    one line."""
+    if capturing():
+        what = ", ".join(f"{t if isinstance(t, str) else t.name}, {s.label()}" for t, s in pairs[:2])
+        raise _capture_error(what + (f", ... ({len(pairs)} pairs)" if len(pairs) > 2 else ""))
+    try:
+        return _Session(settings, store)
+    except OSError as exc:
+        raise _disk_error(exc, settings) from None
