@@ -1,6 +1,8 @@
 """Export / import of cache entries as one tar bundle with a manifest and checksums.
 
-Layout: ``manifest.json`` first, then ``entries/<arch>/<key>/{kernel.hsaco, meta.json}``.
+Layout: ``manifest.json`` first, then ``entries/<arch>/<key>/{kernel.hsaco, meta.json}`` sorted
+by name, written reproducibly (tarball.py): one cache always exports to the same bytes, so its
+sha256, printed by `mono-jit export`, pins it.
 
 Import trusts nothing in the bundle. The manifest (capped) is read and checked first: every
 name is ``entries/<supported arch>/<hex key>/<file>``, every size within a per-file cap and all
@@ -23,7 +25,7 @@ import os
 import re
 import stat
 import tarfile
-import time
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Iterator
 
@@ -33,6 +35,7 @@ from mono_jit.spec import SUPPORTED_ARCHS
 from .fs import disk_problem, make_dirs, read_regular, remove, write_new_stream
 from .store import (HSACO_CAP, HSACO_NAME, META_CAP, META_NAME, CorruptEntry, Entry, Store, unique_suffix,
                     verify_entry)
+from .tarball import write_file
 
 BUNDLE_SCHEMA = "mono-jit-bundle/1"
 MANIFEST = "manifest.json"
@@ -48,14 +51,17 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 _MAGIC = ((b"\x1f\x8b", "gzip"), (b"BZh", "bz2"), (b"\xfd7zXZ\x00", "lzma"))
 
 
-def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size, info.mode, info.mtime = len(data), 0o644, 0
-    tar.addfile(info, io.BytesIO(data))
+@dataclass(frozen=True)
+class Exported:
+    """A written bundle: its manifest and the sha256 of its bytes (what `import --sha256` pins)."""
+
+    manifest: dict
+    sha256: str
 
 
-def export_bundle(out: Path, entries: list[Entry]) -> dict:
-    """Write `entries` to the tar(.gz) `out`; return the manifest."""
+def export_bundle(out: Path, entries: list[Entry]) -> Exported:
+    """Write `entries` to the tar(.gz) `out`, reproducibly (tarball.py: the same entries make
+    the same bytes, so two exports of one cache have one digest)."""
     files: dict[str, dict] = {}
     payload: dict[str, bytes] = {}
     for entry in entries:
@@ -64,16 +70,14 @@ def export_bundle(out: Path, entries: list[Entry]) -> dict:
             member = f"entries/{entry.arch}/{entry.key}/{name}"
             files[member] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
             payload[member] = data
-    manifest = {"schema": BUNDLE_SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "entries": len(entries), "files": files}
-    mode = "w:gz" if out.name.endswith((".gz", ".tgz")) else "w"
+    # No creation time: it would make every export of the same cache a different bundle.
+    manifest = {"schema": BUNDLE_SCHEMA, "entries": len({m.rsplit("/", 1)[0] for m in files}), "files": files}
+    payload[MANIFEST] = json.dumps(manifest, indent=2, sort_keys=True).encode()
     tmp = out.with_name(out.name + ".partial")
-    with tarfile.open(tmp, mode) as tar:
-        _add(tar, MANIFEST, json.dumps(manifest, indent=2, sort_keys=True).encode())
-        for member, data in payload.items():
-            _add(tar, member, data)
+    # Sorted by name, an entry's two files stay adjacent, as import requires.
+    digest = write_file(tmp, payload, compress=out.name.endswith((".gz", ".tgz")), first=MANIFEST)
     tmp.replace(out)
-    return manifest
+    return Exported(manifest, digest)
 
 
 # -- reading the bundle -------------------------------------------------------------------------

@@ -69,16 +69,17 @@ def read_regular(path: Path, cap: int) -> bytes:
         os.close(fd)
 
 
-def write_new(path: Path, data: bytes, mode: int = 0o600) -> None:
+def write_new(path: Path, data: bytes, mode: int = 0o600, *, durable: bool = True) -> None:
     """Create `path` exclusively (never through a symlink, never over an existing file) with
-    exactly `mode`, write `data` and fsync it."""
+    exactly `mode`, write `data` and (when `durable`) fsync it."""
     fd = os.open(path, _NEW_FLAGS, mode)
     try:
         os.fchmod(fd, mode)
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
 

@@ -1,9 +1,12 @@
 """Hit / miss / compile counters of the writable cache, as ccache keeps them (``ccache -s``).
 
 Counters live in ``<writable>/v1/stats/``, safe under any number of concurrent processes:
-- a process adds its counts as one new file ``delta-<pid>-<random>.json``, written under a
-  temporary name and renamed into place (a reader never sees half of one; no lock is taken, so
-  the hit path never waits);
+- a lookup only adds to this process's counts in memory (``count``): the hit path touches no
+  file. The process writes them once, at exit (``flush``, run by atexit; ``merge`` flushes
+  first, so a process that reads its own counters sees them), as one new file
+  ``delta-<pid>-<random>.json`` per writable layer, written under a temporary name and renamed
+  into place (a reader never sees half of one; no lock is taken). Deltas are not fsynced:
+  counters need no durability, and a delta lost in a crash only undercounts;
 - ``merge`` folds the deltas into ``total.json`` under an flock. The new total names the deltas
   it absorbed before they are deleted, so a merge killed between the two steps never counts a
   delta twice (the next merge deletes an absorbed delta without adding it). ``zero`` is a merge
@@ -13,6 +16,7 @@ A read-only store (offline lookups, an unwritable HOME) records nothing: offline
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import time
@@ -29,6 +33,9 @@ DELTA_PREFIX = "delta-"
 TMP_PREFIX = ".tmp-"
 FILE_CAP = 1 << 20
 _FILE_MODE = 0o600
+
+# This process's counts not yet written, by the v1 folder of their writable layer.
+_pending: dict[Path, "Counters"] = {}
 
 
 @dataclass
@@ -78,9 +85,9 @@ def _unique() -> str:
     return f"{os.getpid()}-{os.urandom(4).hex()}"
 
 
-def _write_atomically(folder: Path, name: str, payload: dict) -> None:
+def _write_atomically(folder: Path, name: str, payload: dict, *, durable: bool) -> None:
     tmp = folder / f"{TMP_PREFIX}{_unique()}"
-    write_new(tmp, (json.dumps(payload, sort_keys=True) + "\n").encode(), _FILE_MODE)
+    write_new(tmp, (json.dumps(payload, sort_keys=True) + "\n").encode(), _FILE_MODE, durable=durable)
     try:
         os.replace(tmp, folder / name)
     except OSError:
@@ -88,13 +95,36 @@ def _write_atomically(folder: Path, name: str, payload: dict) -> None:
         raise
 
 
+def count(base: Path, counts: Counters) -> None:
+    """Add `counts` to this process's counts for the writable layer whose v1 folder is `base`,
+    in memory only: they reach the disk at ``flush`` (at the latest, when the process exits)."""
+    if not counts.any():
+        return
+    _pending.setdefault(base, Counters()).add(counts)
+
+
+def flush() -> None:
+    """Write this process's pending counts, one delta file per layer, and forget them. A layer
+    whose root is gone (a test's temporary folder) or cannot be written loses its counts: a
+    counter never fails the process that counts."""
+    pending = list(_pending.items())
+    _pending.clear()
+    for base, counts in pending:
+        if base.parent.is_dir():
+            try:
+                record(base, counts)
+            except OSError:
+                pass
+
+
 def record(base: Path, counts: Counters) -> None:
-    """Add `counts` to the counters of the writable layer whose v1 folder is `base`."""
+    """Write `counts` now as one delta of the counters of the layer whose v1 folder is `base`
+    (not fsynced: see the module docstring)."""
     if not counts.any():
         return
     folder = _folder(base)
     make_dirs(folder)
-    _write_atomically(folder, f"{DELTA_PREFIX}{_unique()}.json", counts.as_dict())
+    _write_atomically(folder, f"{DELTA_PREFIX}{_unique()}.json", counts.as_dict(), durable=False)
 
 
 def _read_json(path: Path) -> object:
@@ -124,9 +154,11 @@ def _total(folder: Path) -> Totals:
 
 def read(base: Path) -> Totals:
     """The totals without merging (for a store that may not write): total.json plus the deltas
-    it has not absorbed."""
+    it has not absorbed, plus this process's pending counts."""
     folder = _folder(base)
     totals = _total(folder)
+    if base in _pending:
+        totals.counters.add(_pending[base])
     for name in _deltas(folder):
         if name not in totals.absorbed:
             totals.counters.add(Counters.parse(_read_json(folder / name)) or Counters())
@@ -134,8 +166,11 @@ def read(base: Path) -> Totals:
 
 
 def merge(base: Path, *, zero: bool = False) -> Totals:
-    """Fold every delta into total.json (with `zero`, drop them and the total) and return the
-    totals; nothing is written when there is no stats folder and nothing to zero."""
+    """Fold every delta, this process's pending counts first, into total.json (with `zero`,
+    drop them and the total) and return the totals; nothing is written when there is no stats
+    folder and nothing to zero. The total is fsynced (once per merge, off every lookup's path):
+    it stands for the deltas the merge deletes."""
+    flush()
     folder = _folder(base)
     if not folder.is_dir() and not zero:
         return Totals()
@@ -160,7 +195,7 @@ def merge(base: Path, *, zero: bool = False) -> Totals:
             totals.absorbed = fresh
         if fresh or zero or totals.absorbed:
             _write_atomically(folder, TOTAL_NAME, {"counters": totals.counters.as_dict(), "since": totals.since,
-                                                   "absorbed": totals.absorbed})
+                                                   "absorbed": totals.absorbed}, durable=True)
         for name in fresh:
             _unlink(folder / name)
         return totals
@@ -173,3 +208,8 @@ def _unlink(path: Path) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+atexit.register(flush)
+# A forked child starts with nothing pending: its parent writes the counts it inherited.
+os.register_at_fork(after_in_child=_pending.clear)

@@ -12,7 +12,7 @@ from mono_jit.errors import SpecError
 from mono_jit.spec import RATIOS, STANDARD_MAX_TOKENS, SUPPORTED_ARCHS
 
 from .context import cache_dir_option, settings_for
-from .options import comma_ints, emit_json, guarded, json_option, say, template_option
+from .options import comma_ints, emit_json, guarded, json_option, say, template_option, verbosity
 from .progress import Reporter
 
 jobs_option = click.option("--jobs", "-j", type=click.IntRange(min=1), default=api.default_jobs,
@@ -36,25 +36,34 @@ timeout_option = click.option("--timeout", type=click.FloatRange(min=1), default
 @click.option("--image-layer", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Also copy the built entries into this folder as a read-only cache layer any user can read "
                    "(folders 0755, files 0444): serve it with MONO_JIT_CACHE_PATH.")
+@click.option("--check", is_flag=True,
+              help="Build nothing: resolve every build of this grid offline from the cache layers, as a serving "
+                   "process would (no FlyDSL needed), print each miss and why; exit 1 on any miss.")
 @cache_dir_option
 @json_option
 @guarded
-def prebuild(tp, max_model_len, max_tokens, ratio, templates, arch, jobs, timeout, image_layer, cache_dir, as_json):
+@click.pass_context
+def prebuild(ctx, tp, max_model_len, max_tokens, ratio, templates, arch, jobs, timeout, image_layer, check, cache_dir,
+             as_json):
     """Compile every kernel a deployment needs into the cache (no GPU needed).
 
     Defaults build DeepSeek-V4-Pro at TP8 with a 1M context for gfx950: the decode layer's
     templates (k1, k2) at every ratio and max-tokens bucket; plug-ins and stand-alone templates
     only when named or in MONO_JIT_PREBUILD_TEMPLATES. A second run is all hits. Exits 1 if any
     build failed. With --image-layer, the entries are also published into that folder for a
-    container image's serving user (README, "Image layers").
+    container image's serving user (README, "Image layers"). With --check, nothing is built:
+    the same grid is looked up offline (a serving image's build-time guard).
     """
     settings = settings_for(cache_dir)
+    grid = dict(tp=tp, max_model_len=max_model_len, max_tokens=max_tokens or STANDARD_MAX_TOKENS,
+                ratios=ratio or RATIOS, arch=arch, settings=settings)
+    if check:
+        _check(ctx, templates, grid, as_json)
+        return
     try:
         with Reporter("prebuild", transient=as_json) as progress:
-            report = api.prebuild(templates, tp=tp, max_model_len=max_model_len,
-                                  max_tokens=max_tokens or STANDARD_MAX_TOKENS, ratios=ratio or RATIOS, arch=arch,
-                                  jobs=jobs, timeout=timeout, image_layer=image_layer, settings=settings,
-                                  progress=progress)
+            report = api.prebuild(templates, jobs=jobs, timeout=timeout, image_layer=image_layer, progress=progress,
+                                  **grid)
     except SpecError as exc:
         raise click.UsageError(str(exc))
     if as_json:
@@ -64,6 +73,31 @@ def prebuild(tp, max_model_len, max_tokens, ratio, templates, arch, jobs, timeou
             f"in {report.seconds:.1f} s -> {report.cache_dir}")
         if report.image_layer is not None:
             say(f"image layer {report.image_layer}: {report.image_layer_added} entries added")
+    if not report.ok:
+        raise SystemExit(1)
+
+
+def _check(ctx: click.Context, templates: tuple[str, ...] | None, grid: dict, as_json: bool) -> None:
+    """prebuild --check: the grid resolved offline, each miss printed with why, exit 1 on any."""
+    building = [f"--{name.replace('_', '-')}" for name in ("jobs", "timeout", "image_layer")
+                if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+    if building:
+        raise click.UsageError(f"--check builds nothing: {', '.join(building)} does not apply to it")
+    try:
+        report = api.check_grid(templates, **grid)
+    except SpecError as exc:
+        raise click.UsageError(str(exc))
+    if as_json:
+        emit_json("prebuild-check", report.as_dict())
+    else:
+        for row in report.rows:
+            if not row["hit"]:
+                click.echo(f"miss {row['label']}\n     why: {row['reason']}")
+            elif verbosity() > 0:
+                click.echo(f"hit  {row['label']}: {row['path']}")
+        summary = report.as_dict()
+        say(f"{summary['builds']} builds: {summary['hits']} hits, {summary['misses']} misses "
+            "(looked up offline; nothing compiled, fetched or written)")
     if not report.ok:
         raise SystemExit(1)
 

@@ -203,14 +203,20 @@ def clear(yes, cache_dir, as_json):
 @json_option
 @guarded
 def export_cmd(bundle, templates, cache_dir, as_json):
-    """Write cache entries to a tar bundle (.tar or .tar.gz) with a manifest of checksums."""
+    """Write cache entries to a tar bundle (.tar or .tar.gz) with a manifest of checksums.
+
+    The same cache always makes the same bundle, byte for byte; its sha256 is printed, for
+    `mono-jit import --sha256` to pin."""
     if not bundle.parent.is_dir():
         raise MonoJitError(f"{bundle}: expected a file in an existing folder; {bundle.parent} is not one")
-    manifest = api.export(bundle, templates=templates, settings=settings_for(cache_dir))
+    exported = api.export(bundle, templates=templates, settings=settings_for(cache_dir))
+    manifest = exported.manifest
     if as_json:
-        emit_json("export", {"bundle": str(bundle), "entries": manifest["entries"], "files": len(manifest["files"])})
+        emit_json("export", {"bundle": str(bundle), "entries": manifest["entries"], "files": len(manifest["files"]),
+                             "sha256": exported.sha256})
     else:
         click.echo(f"exported {manifest['entries']} entries to {bundle}")
+        click.echo(f"sha256 {exported.sha256}  (pin it: mono-jit import --sha256 {exported.sha256} {bundle.name})")
 
 
 def _parse_sha256(ctx, param, value):

@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mono_jit.cache import Entry, Store
 from mono_jit.cache.gc import GcReport
@@ -30,9 +31,15 @@ from .spec import RATIOS, STANDARD_MAX_TOKENS, Spec, deployment_grid
 from .templates import Template, all_templates, get
 from .verification import VerifyReport
 
+if TYPE_CHECKING:  # these load when used
+    from mono_jit.cache.bundle import Exported
+
+    from .deployment import GridCheck
+
 __all__ = ["Checks", "Explanation", "Listing", "PrebuildReport", "Resolved", "StatsReport", "VerifyReport",
-           "cannot_compile_here", "clear", "default_jobs", "doctor", "explain", "export", "find_entry", "gc",
-           "import_bundle", "list_entries", "prebuild", "resolve", "resolve_many", "stats", "verify"]
+           "cannot_compile_here", "check_grid", "clear", "default_jobs", "doctor", "explain", "export",
+           "find_entry", "gc", "import_bundle", "list_entries", "prebuild", "resolve", "resolve_many", "stats",
+           "verify"]
 
 
 def default_jobs() -> int:
@@ -78,15 +85,15 @@ def prebuild(templates: Iterable[str | Template] | None = None, *, tp: int = 8,
              ratios: Iterable[int] = RATIOS, arch: str = "gfx950", jobs: int | None = None, timeout: float = 600.0,
              image_layer: Path | None = None, settings: Settings | None = None,
              progress: Progress | None = None) -> PrebuildReport:
-    """Compile the templates (default: the layer's, prebuild.default_templates) at every spec of the deployment grid
+    """Compile the templates (default: the layer's, deployment.default_templates) at every spec of the deployment grid
     into the writable cache; a failed build is in the report, never raised. With `image_layer`
     and no failure, the run's entries are also published there as a read-only layer any user
     can read (cache/layer.py)."""
-    from .prebuild import default_templates, prebuild as run
+    from .prebuild import prebuild as run
 
     settings, progress = _settings(settings), progress or Silent()
     specs = deployment_grid(tp, max_model_len, max_tokens, ratios, arch)
-    chosen = _templates(templates) if templates is not None else _templates(default_templates(settings))
+    chosen = _deployment_templates(templates, settings)
     summary, planned = run(chosen, specs, settings, jobs=jobs or default_jobs(), timeout=timeout,
                            progress=lambda event, job, detail: progress.finished(event, job.label, detail),
                            on_plan=progress.planned)
@@ -107,15 +114,33 @@ def prebuild(templates: Iterable[str | Template] | None = None, *, tp: int = 8,
     return report
 
 
+def _deployment_templates(templates: Iterable[str | Template] | None, settings: Settings) -> list[Template]:
+    """The templates named, else what a plain prebuild builds (deployment.default_templates)."""
+    from .deployment import default_templates
+
+    return _templates(templates if templates is not None else default_templates(settings))
+
+
+def check_grid(templates: Iterable[str | Template] | None = None, *, tp: int = 8,
+               max_model_len: int = model.MAX_MODEL_LEN, max_tokens: Iterable[int] = STANDARD_MAX_TOKENS,
+               ratios: Iterable[int] = RATIOS, arch: str = "gfx950", settings: Settings | None = None) -> GridCheck:
+    """Whether the layers here serve every build `prebuild` with the same arguments makes:
+    each resolved offline as a serving process would (verified, never compiled or fetched, no
+    FlyDSL needed), every miss with its reason. Writes nothing."""
+    from .deployment import check
+
+    settings = _settings(settings)
+    specs = deployment_grid(tp, max_model_len, max_tokens, ratios, arch)
+    return check(_deployment_templates(templates, settings), specs, settings)
+
+
 def _count(store: Store, **counts: int) -> None:
-    """Add `counts` to the writable layer's counters (a read-only store records nothing)."""
-    from mono_jit.cache.stats import Counters, record
+    """Add `counts` to the writable layer's counters, in memory until the process exits (a
+    read-only store records nothing)."""
+    from mono_jit.cache.stats import Counters, count
 
     if store.writable.writable:
-        try:
-            record(store.writable.base, Counters(**counts))
-        except OSError:
-            pass  # counters never fail the operation they count
+        count(store.writable.base, Counters(**counts))
 
 
 def verify(*, rebuild: bool = False, jobs: int | None = None, timeout: float = 600.0,
@@ -183,9 +208,9 @@ def clear(*, settings: Settings | None = None) -> int:
     return len(doomed)
 
 
-def export(bundle: Path, *, templates: Iterable[str] | None = None, settings: Settings | None = None) -> dict:
+def export(bundle: Path, *, templates: Iterable[str] | None = None, settings: Settings | None = None) -> Exported:
     """Write the served entries (of the named templates only, when given) to the tar(.gz)
-    `bundle` with a manifest of checksums; returns the manifest."""
+    `bundle` with a manifest of checksums, reproducibly; returns its manifest and sha256."""
     from mono_jit.cache.bundle import export_bundle
 
     names = None if templates is None else set(templates)

@@ -7,7 +7,7 @@ so `mono-jit config` can show exactly what is in force and where it came from.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -147,6 +147,17 @@ class Settings:
 
     def items(self) -> list[Setting]:
         return list(self._items.values())
+
+    def replaced(self, **values: object) -> "Settings":
+        """A copy with `values` in force (source "override") whatever the environment says: for
+        a check that must neither compile nor fetch, say."""
+        unknown = sorted(set(values) - set(self._items))
+        if unknown:
+            raise AttributeError(f"no such setting: {', '.join(unknown)}")
+        copy = Settings.__new__(Settings)
+        copy._items = {**self._items, **{name: replace(self._items[name], value=value, source="override")
+                                         for name, value in values.items()}}
+        return copy
 
     @property
     def writable_root(self) -> Path:

@@ -28,7 +28,7 @@ from .compiler import compile_here
 from .config import Settings
 from .errors import MonoJitError
 from .spec import Spec
-from .templates import Template, names
+from .templates import Template
 from .toolchain import compile_environment, resolve_toolchain
 from .workers import Outcome, WorkerPool
 
@@ -75,21 +75,6 @@ class PrebuildSummary:
     def as_dict(self) -> dict:
         return {"compiled": self.compiled, "hits": self.hits, "failed": len(self.failed),
                 "failures": self.failed, "entries": self.entries, "seconds": round(self.seconds, 3)}
-
-
-def default_templates(settings: Settings) -> list[str]:
-    """What a prebuild without named templates builds: the decode layer's templates that are
-    registered (mono_jit.runtime.kernels.LAYER_TEMPLATES), then those MONO_JIT_PREBUILD_TEMPLATES
-    names (plug-ins and stand-alone templates are built only when named or configured)."""
-    from .runtime.kernels import LAYER_TEMPLATES
-
-    registered = set(names())
-    chosen = [name for name in LAYER_TEMPLATES if name in registered]
-    chosen += [name for name in settings.prebuild_templates if name not in chosen]  # type: ignore[attr-defined]
-    if not chosen:
-        raise MonoJitError(f"none of the layer's templates ({', '.join(LAYER_TEMPLATES)}) is registered and "
-                           "MONO_JIT_PREBUILD_TEMPLATES names none: is mono-jit installed (pip install -e .)?")
-    return chosen
 
 
 def _plan_failure(template: Template, spec: Spec, exc: Exception) -> PlanFailure:

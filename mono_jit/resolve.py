@@ -8,9 +8,9 @@ a lean serving image) looks the spec up under the toolchains recorded in the lay
 key; a miss that cannot compile says which kind it is (diagnosis.py: not in any layer, built by
 another toolchain, unreadable). With ``MONO_JIT_REMOTE`` set, a miss asks that registry first,
 under the key's lock (even offline; see mono_jit/cache/oci/tier.py). A writable store counts
-hits, misses and compiles (cache/stats.py, `mono-jit stats`). A disk error (full, read-only, a
-file in the way) is a one-line MonoJitError naming the
-path and what to do. Compile workers are fresh interpreters (workers.py), so a caller's script
+hits, misses and compiles in memory, written once at process exit (cache/stats.py, `mono-jit
+stats`). A disk error (full, read-only, a file in the way) is a one-line MonoJitError naming
+the path and what to do. Compile workers are fresh interpreters (workers.py), so a caller's script
 needs no ``if __name__ == "__main__"`` guard. Inside a CUDA/HIP
 graph capture it raises before touching the disk. ``resolve_many`` resolves a runner's whole
 grid with one settings / store / toolchain resolution.
@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from mono_jit.cache import Entry, Store
-from mono_jit.cache.stats import Counters, record
+from mono_jit.cache.stats import Counters, count
 from mono_jit.cache.store import info
 
 from .build import BuildJob
@@ -204,14 +204,10 @@ class _Session:
         )
 
     def record_counts(self) -> None:
-        """Add this session's hits, misses and compiles to the writable layer's counters; a
-        counter that cannot be written never fails a resolve."""
-        if not self.store.writable.writable or not self.counts.any():
-            return
-        try:
-            record(self.store.writable.base, self.counts)
-        except OSError:
-            pass
+        """Add this session's hits, misses and compiles to the writable layer's counters, in
+        memory: the process writes them once, at exit (cache/stats.py), never on a lookup."""
+        if self.store.writable.writable:
+            count(self.store.writable.base, self.counts)
 
 
     def _fetch_without_toolchain(self, template: Template, spec: Spec) -> Resolved | None:
@@ -270,16 +266,43 @@ def resolve_many(pairs: Iterable[tuple[str | Template, Spec]], *, settings: Sett
     raises. With a warm cache it imports neither FlyDSL, torch nor the compile side.
     """
     pairs = list(pairs)
-    if capturing():
-        what = ", ".join(f"{t if isinstance(t, str) else t.name}, {s.label()}" for t, s in pairs[:2])
-        raise _capture_error(what + (f", ... ({len(pairs)} pairs)" if len(pairs) > 2 else ""))
-    try:
-        session = _Session(settings, store)
-    except OSError as exc:
-        raise _disk_error(exc, settings) from None
+    session = _open(pairs, settings, store)
     try:
         return [session.resolve(get(t) if isinstance(t, str) else t, spec) for t, spec in pairs]
     except OSError as exc:
         raise _disk_error(exc, settings) from None
     finally:
         session.record_counts()
+
+
+def resolve_each(pairs: Iterable[tuple[str | Template, Spec]], *, settings: Settings | None = None,
+                 store: Store | None = None) -> list[Resolved | MonoJitError]:
+    """``resolve_many`` that goes on past a failure: each pair's Resolved, or the one-line
+    MonoJitError that pair raised (an offline miss, no toolchain to compile with, a disk error),
+    in order. What a whole-grid check reports, so one run names every miss."""
+    pairs = list(pairs)
+    session = _open(pairs, settings, store)
+    results: list[Resolved | MonoJitError] = []
+    try:
+        for t, spec in pairs:
+            try:
+                results.append(session.resolve(get(t) if isinstance(t, str) else t, spec))
+            except MonoJitError as exc:
+                results.append(exc)
+            except OSError as exc:
+                results.append(_disk_error(exc, settings))
+    finally:
+        session.record_counts()
+    return results
+
+
+def _open(pairs: list[tuple[str | Template, Spec]], settings: Settings | None, store: Store | None) -> _Session:
+    """The session a batch of pairs shares; CaptureError inside a graph capture, a disk error as
+    one line."""
+    if capturing():
+        what = ", ".join(f"{t if isinstance(t, str) else t.name}, {s.label()}" for t, s in pairs[:2])
+        raise _capture_error(what + (f", ... ({len(pairs)} pairs)" if len(pairs) > 2 else ""))
+    try:
+        return _Session(settings, store)
+    except OSError as exc:
+        raise _disk_error(exc, settings) from None

@@ -104,8 +104,7 @@ def test_four_racing_processes_compile_once(tmp_path):
 
 def test_bundle_round_trip_and_refusals(warm_cache, tmp_path):
     bundle = tmp_path / "b.tar.gz"
-    manifest = export_bundle(bundle, entries(warm_cache))
-    assert manifest["entries"] == 3
+    assert export_bundle(bundle, entries(warm_cache)).manifest["entries"] == 3
     fresh = Store(settings_at(tmp_path / "fresh"))
     assert import_bundle(fresh, bundle) == {"imported": 3, "present": 0}
     assert import_bundle(fresh, bundle) == {"imported": 0, "present": 3}

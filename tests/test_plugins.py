@@ -17,8 +17,9 @@ from click.testing import CliRunner
 from mono_jit.build import BuildJob
 from mono_jit.cache import Store
 from mono_jit.config import Settings
+from mono_jit.deployment import default_templates
 from mono_jit.errors import CompileError, MonoJitError, TemplateError
-from mono_jit.prebuild import default_templates, plan, prebuild
+from mono_jit.prebuild import plan, prebuild
 from mono_jit.runtime.kernels import LAYER_TEMPLATES
 from mono_jit.spec import Spec
 from mono_jit.templates import discovery, get, names, problems, register, registry
@@ -278,7 +279,7 @@ def test_prebuild_defaults_to_the_layers_registered_templates_plus_configured_on
 
 
 def test_prebuild_without_a_layer_template_says_so(monkeypatch):
-    monkeypatch.setattr("mono_jit.prebuild.names", lambda: ["router"])
+    monkeypatch.setattr("mono_jit.deployment.names", lambda: ["router"])
     with pytest.raises(MonoJitError, match="none of the layer's templates .* is registered"):
         default_templates(Settings({}))
     assert default_templates(Settings({"MONO_JIT_PREBUILD_TEMPLATES": "router"})) == ["router"]

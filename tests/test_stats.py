@@ -1,7 +1,8 @@
 """Hit / miss / compile counters (issue 13 item 5, ccache's `-s`): counted by resolve and
 prebuild, exact under concurrent writers and mergers, never counted twice after a killed merge,
 reset by `stats --zero`, not written by an offline store; `list` and `stats` show them with the
-total size."""
+total size. A lookup counts in memory only: no file and no fsync on the hit path, one delta per
+process at its exit (issue 26 item 1)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from cache_settings import settings_at
+from cache_settings import SMALL_SPECS, settings_at
 from mono_jit.cache import Entry, Store, stats
 from mono_jit.cache.stats import Counters
 from mono_jit.cli import main
@@ -55,6 +56,51 @@ def test_prebuild_counts_and_list_shows_counters_and_total_size(warm_cache):
     assert text.splitlines()[-1].startswith("3 entries; ") and "3 hits, 0 misses, 0 compiled" in text, text
     shown = cli(warm_cache, "stats").stdout
     assert "lookups      3 (100.0% hits)" in shown and "entries      3 (" in shown, shown
+
+
+def test_a_hit_writes_no_file_and_the_process_writes_its_counts_once_unsynced(warm_cache, monkeypatch):
+    settings = settings_at(warm_cache)
+    resolve("router", Spec(8, 4, 1024, 1), settings=settings)  # the root's folders exist from here on
+    stats.merge(warm_cache / "v1")
+    created, synced = [], []
+    real_open = os.open
+
+    def watched_open(path, flags, *args, **kwargs):
+        if flags & os.O_CREAT:
+            created.append(str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", watched_open)
+    monkeypatch.setattr(os, "fsync", synced.append)
+    for spec in (*SMALL_SPECS, *SMALL_SPECS):
+        resolve("router", spec, settings=settings)
+    assert created == [] and synced == []  # four hits: no file made, nothing synced
+    stats.flush()  # what atexit runs
+    deltas = list((warm_cache / "v1" / "stats").glob("delta-*"))
+    assert len(deltas) == 1 and synced == [], (deltas, synced)
+    assert json.loads(deltas[0].read_text())["hits"] == 4
+    stats.flush()  # nothing left to write
+    assert len(list((warm_cache / "v1" / "stats").glob("delta-*"))) == 1
+
+
+LOOKUPS = """
+import sys
+from mono_jit.resolve import resolve
+from mono_jit.spec import Spec
+for _ in range(int(sys.argv[1])):
+    for ratio, width in ((4, 1024), (128, 8192)):
+        resolve("router", Spec(8, ratio, width, 1))
+"""
+
+
+def test_concurrent_processes_each_write_one_delta_at_exit_and_lose_no_count(warm_cache):
+    stats.merge(warm_cache / "v1", zero=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MONO_JIT_")}
+    env["MONO_JIT_CACHE_DIR"] = str(warm_cache)
+    procs = [subprocess.Popen([sys.executable, "-c", LOOKUPS, "25"], env=env) for _ in range(4)]
+    assert [p.wait(timeout=120) for p in procs] == [0] * 4
+    assert len(list((warm_cache / "v1" / "stats").glob("delta-*"))) == 4  # one per process
+    assert counters(warm_cache) == {"hits": 200, "misses": 0, "compiled": 0, "failed": 0}
 
 
 WRITER = """

@@ -32,6 +32,7 @@ from mono_jit.spec import SUPPORTED_ARCHS
 
 from ..key import canonical_json
 from ..store import HSACO_CAP, HSACO_NAME, META_CAP, META_NAME, CorruptEntry, Entry, meta_bytes, verify_entry
+from ..tarball import write_tar
 from .reference import Reference
 
 SCHEMA = "mono-jit-oci/1"
@@ -90,19 +91,10 @@ class Listing:
 # -- entries as blobs -----------------------------------------------------------------------------
 
 
-def _member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size, info.mode, info.mtime, info.uid, info.gid = len(data), 0o644, 0, 0, 0
-    info.uname = info.gname = ""
-    tar.addfile(info, io.BytesIO(data))
-
-
 def pack(entry: Entry) -> bytes:
-    """The entry's blob (deterministic: same entry, same bytes)."""
+    """The entry's blob (deterministic: same entry, same bytes; meta.json first, as ever)."""
     out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        _member(tar, META_NAME, meta_bytes(entry.meta))
-        _member(tar, HSACO_NAME, entry.hsaco)
+    write_tar(out, {META_NAME: meta_bytes(entry.meta), HSACO_NAME: entry.hsaco}, first=META_NAME)
     return out.getvalue()
 
 
