@@ -428,6 +428,7 @@ def _entry(table, names: tuple[str, ...], name: str, dtype, like):
 
 
 ALL_STAGES = frozenset(range(1, 20))
+PEER_STAGES = frozenset({6, 7, 18, 19})  # the stages that push to or read the peers' buffers
 
 
 def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
@@ -460,7 +461,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
         tag = step_tag(Sync)
         half_at = ((tag - 1) & 1) * half_words  # the peer half of this launch's epoch parity
         arrive(Sync, tid)
-        if const_expr((6 in stages) | (7 in stages)):
+        if const_expr(bool(stages & PEER_STAGES)):
             _stage_peer_addresses(Peers, lds_peers, tid)
 
         def work_views():
