@@ -6,10 +6,11 @@ reachable) on 8 emulated ranks wrote an `out` up to 3.73 off (mean 0.374; |out| 
 from moe_reference.k2_ranks on every rank. Not a MoE defect: every MoE stage agrees with the
 reference fed the kernel's own hand-off, and that `out` was bit for bit the reference's MoE on
 the kernel's own FFN-seam x_norm. The difference is part one's rounding: two of rank 2's 24576
-attention MXFP8 codes (o one bf16 ulp from the reference's, next to an e4m3 rounding boundary)
-change its z (48 of 6144 codes) and its partial (6128 of 21504 bf16s, <= 7.8e-3), so y, R (8 %
-of values, <= 1 ulp), post (<= 1.8e-3) and x_norm (22 %, <= 1 ulp); the test MoE (gate / up
-past the clamp) turns those into 2 % of out. The comparison was wrong, not the kernel: K2Run.check
+attention MXFP8 codes (e4m3 neighbours of the reference's, whose o sits on or next to a rounding
+tie: 11.5 x 2^-9 and 116.5 x 2^-10, so the kernel's o is a bf16 ulp or more away) change its
+z (48 of 6144 codes) and its partial (6128 of 21504 bf16s, <= 7.8e-3), so y, R (8 % of values,
+<= 1 ulp), post (<= 1.8e-3) and x_norm (22 %, <= 1 ulp); the test MoE (gate / up past the
+clamp) turns those into 2 % of out. The comparison was wrong, not the kernel: K2Run.check
 held the gate to the reference's R and test_gpu_k2 held `out` to k2_ranks; K2Run now holds R to
 the reference, the gate and x_norm to the seam of the kernel's own R, and `out` to the MoE of its
 own x_norm (K2Run.expected_out).
@@ -37,6 +38,7 @@ from k2_inputs import TP, full_weights, shard, world  # noqa: E402
 
 from mono_jit.spec import Spec  # noqa: E402
 from mono_jit.templates.k1 import reference as k1  # noqa: E402
+from mono_jit.templates.k2 import moe_addressing as ma  # noqa: E402
 from mono_jit.templates.k2 import moe_reference as moe  # noqa: E402
 from mono_jit.templates.k2 import reference as ref  # noqa: E402
 
@@ -108,13 +110,24 @@ def _bf16_flips(got: torch.Tensor, want: torch.Tensor, name: str, share: float =
     assert int((error > 0).sum()) <= share * error.numel(), f"{name}: {int((error > 0).sum())} values off"
 
 
+def _read_once_per_chosen_expert(reads: dict[str, dict[str, int]], chosen: int) -> None:
+    """The routed weights' bytes read: the chosen experts' whole (w2_s's padded columns share
+    their words), each byte once, and none of another expert (their memory is torch.empty)."""
+    per_expert = {"w13": ma.expert_weight_bytes(2 * INTER, H), "w13_s": ma.expert_scale_bytes(2 * INTER, H),
+                  "w2": ma.expert_weight_bytes(H, INTER), "w2_s": ma.expert_scale_bytes(H, INTER)}
+    for name, size in per_expert.items():
+        assert reads[f"r.{name}"]["distinct_bytes_read"] == chosen * size, name
+    for name in ("w13", "w13_s", "w2"):
+        assert reads[f"r.{name}"]["buffer_read"] == chosen * per_expert[name], f"{name}: read once"
+
+
 def test_s9_to_s17_one_rank_each_hand_off_against_the_reference(setting, codes):
     """The router, union, shared expert and routed experts of one rank in one launch; each
     hand-off against the reference fed the kernel's own hand-off before it, the routed sum against
-    the reference's from the seam."""
+    the reference's from the seam, and the routed weights read once per chosen expert."""
     *_, weights_moe, seam, want = setting
     run = _run(setting)
-    run_on_one_device(codes[0], run)
+    report = run_on_one_device(codes[0], run)
     lay, m = run.lay, run.m
     x = seam.x_norm
     logits = run.region("f32", lay.logits, m * EXPERTS).view(m, -1)
@@ -126,6 +139,7 @@ def test_s9_to_s17_one_rank_each_hand_off_against_the_reference(setting, codes):
     assert int(run.region("i32", lay.union_size, 1)) == len(union)
     assert run.region("i32", lay.union, len(union)).tolist() == union
     assert torch.equal(run.region("i32", lay.pick_of, pick_of.numel()).view(-1, lay.rows), pick_of)
+    _read_once_per_chosen_expert(report.per_allocation, len(union))
 
     quarters = run.region("f32", lay.sgu_raw, 4 * lay.rows * 2 * INTER).view(4, lay.rows, -1).sum(0)[:m]
     torch.testing.assert_close(quarters, k1.fp8_gemv(seam.x_codes, seam.x_scales, weights_moe.sgu,  # S12
