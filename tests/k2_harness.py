@@ -11,6 +11,7 @@ import torch
 from k2_inputs import COMP_BLOCK, COMP_STRIDE, KV_GAIN, SWA_BLOCK, SWA_STRIDE, World
 
 from mono_jit.templates.k1 import reference as k1
+from mono_jit.templates.k2 import moe_reference as moe_ref
 from mono_jit.templates.k2 import reference as ref
 from mono_jit.templates.k2.layout import STATE_TABLE, WEIGHT_TABLE
 from mono_jit.templates.k2.moe_layout import K2MoeLayout
@@ -194,6 +195,14 @@ class K2Run:
         own = ref.rank_attention(self.x, self.w)
         return ref.finish(own, self.x, self.w, partials)
 
+    def expected_out(self, moes: list[MoeWeights]) -> torch.Tensor:
+        """The reduced MoE output the reference gives on this run's own x_norm (the same on
+        every rank): each rank's MoE (`moes` in rank order), all-reduced. The reference's own
+        x_norm is not the input to hold the MoE to: x_norm's 1-ulp roundings (22 % of values in
+        the 8-rank emulated run) move the test MoE's out by up to 3.7 (mean 0.37 of 17.9)."""
+        x_norm = self.outputs()["x_norm"]
+        return moe_ref.all_reduce([moe_ref.rank_moe(x_norm, w, self.route_ids).partial for w in moes])
+
     def check_out(self, want: torch.Tensor) -> None:
         """The reduced MoE output against the reference's, rows past m untouched."""
         got = self.state_tensors["out"].cpu()
@@ -203,13 +212,17 @@ class K2Run:
         assert got[self.m * H:].eq(SENTINEL).all(), "out: rows past m were written"
 
     def check(self, want: ref.K2Outputs) -> None:
-        """The FFN seam's outputs against the reference (K1's tolerances: f32 sums in another
-        order, a bf16 ulp, an fp8 code flipped by it), rows past m untouched."""
+        """The FFN seam's outputs, rows past m untouched (K1's tolerances: f32 sums in another
+        order, a bf16 ulp, an fp8 code flipped by it): R against the reference, the gate and
+        x_norm against the seam of the kernel's own R. Against the reference's R they are not
+        held: R's 1-ulp roundings (from the ranks' partials, each a GEMV in another order) move
+        post by up to 1.8e-3 (the whole K2 on 8 emulated ranks, tests/test_emulated_k2.py)."""
         got = self.outputs()
+        own = ref.seam_of(got["r"], self.w)
         close = torch.testing.assert_close
-        checks = (("r", want.seam.r, 1e-2, 1e-3), ("post", want.seam.post, 1e-4, 1e-5),
-                  ("comb", want.seam.comb, 1e-3, 1e-4), ("pre", want.seam.pre, 1e-4, 1e-5),
-                  ("x_norm", want.seam.x_norm, 2e-2, 2e-3))
+        checks = (("r", want.seam.r, 1e-2, 1e-3), ("post", own.post, 1e-4, 1e-5),
+                  ("comb", own.comb, 1e-3, 1e-4), ("pre", own.pre, 1e-4, 1e-5),
+                  ("x_norm", own.x_norm, 2e-2, 2e-3))
         for name, expected, worst, mean in checks:
             actual = got[name].float()
             close(actual, expected.float(), rtol=worst, atol=worst, msg=lambda text: f"{name}: {text}")

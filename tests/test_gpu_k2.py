@@ -176,12 +176,9 @@ def _rank_main(rank: int, port: int, ratio: int, results) -> None:
         mailbox = DeviceBuffer(memory.local.pointer, lay.peer_bytes // 8, "int64")
         from test_k2_moe_reference import global_weights, vllm_layout
 
-        from mono_jit.templates.k2 import moe_reference as moe
-
         moes = [vllm_layout(global_weights(experts=384), r) for r in range(TP)]
         run = K2Run(wd, shards[rank], rank, BUCKET, "cuda", mailbox=mailbox, peer_addresses=memory.addresses,
                     moe=moes[rank])
-        whole = moe.k2_ranks([wd.rank(r) for r in range(TP)], shards, moes)
         spec = Spec(8, ratio, width, BUCKET)
         found = resolve("k2", spec)
         backend = HipBackend()
@@ -191,7 +188,7 @@ def _rank_main(rank: int, port: int, ratio: int, results) -> None:
             backend.launch(kernel, run.arguments(), torch.cuda.current_stream().cuda_stream)
             torch.cuda.synchronize()
             run.check(run.expected(partials))
-            run.check_out(whole[rank].outputs.out)
+            run.check_out(run.expected_out(moes))
         results[rank] = int(run.sync[0])
     finally:
         dist.destroy_process_group()
@@ -201,8 +198,9 @@ def _rank_main(rank: int, port: int, ratio: int, results) -> None:
                     reason="needs 8 MI355X GPUs in one node (the TP8 all-reduce)")
 @pytest.mark.parametrize("ratio", [4, 128])
 def test_k2_on_8_gpus_matches_the_reference(ratio):
-    """The whole of K2 on a TP8 group, three launches in a row: part one's outputs and the
-    MoE's reduced `out` against moe_reference.k2_ranks."""
+    """The whole of K2 on a TP8 group, three launches in a row: part one's outputs (K2Run.check)
+    and the MoE's reduced `out` against the reference's MoE on the kernel's own x_norm
+    (K2Run.expected_out)."""
     import torch.multiprocessing as mp
 
     manager = mp.Manager()

@@ -16,7 +16,7 @@ from mono_jit.templates.k2 import reference as ref
 pytest.importorskip("numba", reason="the emulator needs the emulate extra (numba, tinygrad)")
 pytest.importorskip("tinygrad", reason="the emulator needs the emulate extra (numba, tinygrad)")
 
-from k2_emulated import emulated_stages  # noqa: E402
+from k2_emulation import stage_launchers  # noqa: E402
 
 BUCKET, RANK = 4, 3
 
@@ -29,7 +29,7 @@ def weights():
 @pytest.mark.parametrize("ratio", [4, 128])
 def test_key_table_and_attention_on_the_emulator_match_the_reference(ratio, weights):
     run = K2Run(world(ratio), weights, RANK, BUCKET, "cpu")
-    (launch,) = emulated_stages(Spec(8, ratio, run.lay.topk_width, BUCKET), [frozenset({1, 2, 3})])
+    (launch,) = stage_launchers(Spec(8, ratio, run.lay.topk_width, BUCKET), [frozenset({1, 2, 3})])
     launch(run)
     want = ref.rank_attention(run.x, run.w)
     s = run.scratch()

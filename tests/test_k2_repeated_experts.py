@@ -23,7 +23,7 @@ from mono_jit.templates.k2 import moe_reference as moe
 pytest.importorskip("numba", reason="the emulator needs the emulate extra (numba, tinygrad)")
 pytest.importorskip("tinygrad", reason="the emulator needs the emulate extra (numba, tinygrad)")
 
-from k2_emulated import emulated_stages  # noqa: E402
+from k2_emulation import stage_launchers  # noqa: E402
 
 BUCKET, RANK, H, E, TOPK = 4, 2, model.HIDDEN, model.ROUTED_EXPERTS, model.EXPERTS_PER_TOKEN
 # rows 0 and 2 name an expert twice (7; 300 at the ends), row 1 six distinct experts
@@ -32,7 +32,7 @@ IDS = torch.tensor([[3, 7, 11, 40, 7, 90], [5, 6, 7, 8, 9, 10], [300, 7, 12, 13,
 
 @pytest.fixture(scope="module")
 def stages():
-    return emulated_stages(Spec(8, model.CSA_RATIO, 1024, BUCKET), [frozenset({11}), frozenset({18})])
+    return stage_launchers(Spec(8, model.CSA_RATIO, 1024, BUCKET), [frozenset({11}), frozenset({18})])
 
 
 def hash_weights(ids: torch.Tensor, g: torch.Generator) -> torch.Tensor:

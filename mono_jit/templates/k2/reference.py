@@ -289,7 +289,12 @@ def ffn_seam(y: torch.Tensor, x: K2Inputs, w: K2Weights) -> Seam:
     ffn_norm, and the MXFP8 of the normed row. vLLM: models/deepseek_v4/amd/model.py:990
     _forward_fused_post_pre (mhc_fused_post_pre with hc_ffn_*, then ffn_norm), whose torch
     semantics are model_executor/kernels/mhc/torch.py:135 mhc_post_torch and :48 mhc_pre_torch."""
-    r = k1.fold(y, x.residual, x.post, x.comb, True)
+    return seam_of(k1.fold(y, x.residual, x.post, x.comb, True), w)
+
+
+def seam_of(r: torch.Tensor, w: K2Weights) -> Seam:
+    """The FFN seam from R after the fold (bf16 [M, 4, H]): the mixes with hc_ffn_*, Sinkhorn,
+    the collapse, ffn_norm and the MXFP8 of the normed row (what S8 computes from S7's R)."""
     gate = k1.seam_gate(r, w.hc_ffn_fn, w.hc_ffn_base, w.hc_ffn_scale)
     x_norm = k1.rms_norm(k1.collapse(r, gate.pre), w.ffn_norm)
     codes, scales = k1.mxfp8_quantize(x_norm)
