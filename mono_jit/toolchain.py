@@ -71,13 +71,16 @@ class ProbeMemo:
     def __init__(self, path: Path | None, save: bool = True) -> None:
         self._path = path
         self._may_save = save
-        self._data: dict[str, str] = {}
-        if path is not None:
-            try:
-                loaded = json.loads(read_regular(path, MEMO_CAP))
-                self._data = loaded if isinstance(loaded, dict) else {}
-            except (OSError, ValueError):
-                pass
+        self._data: dict[str, str] = self._read()
+
+    def _read(self) -> dict[str, str]:
+        if self._path is None:
+            return {}
+        try:
+            loaded = json.loads(read_regular(self._path, MEMO_CAP))
+        except (OSError, ValueError):
+            return {}
+        return loaded if isinstance(loaded, dict) else {}
 
     @staticmethod
     def signature(kind: str, files: list[Path]) -> str:
@@ -113,6 +116,9 @@ class ProbeMemo:
         if self._path is None or not self._may_save:
             return
         tmp = self._path.with_name(f".{self._path.name}.{os.getpid()}.{unique_suffix(6)}")
+        # Merged with what is on disk now: compile workers probing at once would otherwise each
+        # replace the file with only their own answers, and a later process would probe again.
+        self._data = {**self._read(), **self._data}
         try:
             make_dirs(self._path.parent)  # every missing level 0700, whatever the umask
             write_new(tmp, json.dumps(self._data, sort_keys=True).encode())

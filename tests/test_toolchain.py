@@ -28,6 +28,23 @@ def test_probe_memo_reprobes_only_when_the_file_changes(tmp_path):
     assert len(calls) == 3
 
 
+def test_probe_memos_of_concurrent_processes_keep_each_others_answers(tmp_path):
+    """Two compile workers open the memo before either probed, then each probes something else:
+    the later save must not drop the earlier one's answer (a warm grid load would probe again,
+    running ld.lld on the cache-hit path)."""
+    lld, bitcode = tmp_path / "ld.lld", tmp_path / "ocml.bc"
+    lld.write_text("lld")
+    bitcode.write_text("bc")
+    memo_file = tmp_path / "memo.json"
+    first, second = ProbeMemo(memo_file), ProbeMemo(memo_file)
+    first.get("ld.lld --version", [lld], lambda: "22.1.8")
+    second.get("bitcode", [bitcode], lambda: "digest")
+    later = ProbeMemo(memo_file, save=False)
+    fail = lambda: (_ for _ in ()).throw(AssertionError("probed again"))  # noqa: E731
+    assert later.get("ld.lld --version", [lld], fail) == "22.1.8"
+    assert later.get("bitcode", [bitcode], fail) == "digest"
+
+
 def test_fingerprint_has_no_paths_and_is_stable(tmp_path):
     a = resolve_toolchain(settings_at(tmp_path / "a")).fingerprint
     b = resolve_toolchain(settings_at(tmp_path / "b")).fingerprint
