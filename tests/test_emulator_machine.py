@@ -311,3 +311,31 @@ def test_an_unaligned_lds_access_fails():
 def test_a_code_object_that_flushes_f32_denormals_is_refused():
     with pytest.raises(CodeObjectError, match="float mode 0xc0 is not emulated"):
         _code("  s_endpgm", denorm32=0)
+
+
+def test_launches_run_together_keep_their_own_instructions_and_branches():
+    """launch_many puts every launch's instructions in one table: only the row links (next,
+    branch target) move by the rows before; every other field, the flags included, is the code
+    object's own. Then two handshakes on two devices, with their branches, both complete."""
+    from mono_jit.emulator.decode import F_NEXT, F_TARGET
+    from mono_jit.emulator.machine import Launch, _State
+
+    copy, other = _code(COPY_BODY), _code(HANDSHAKE_BODY)
+    flags = [torch.zeros(2, dtype=torch.int32) for _ in range(2)]
+    machine = Machine(devices=2)
+    for k, f in enumerate(flags):
+        machine.register(f, f"flags{k}")
+    launches = [Launch(code, (2, 1, 1), (64, 1, 1), struct.pack("<Q", f.data_ptr()), 0, device)
+                for device, (code, f) in enumerate(((other, flags[0]), (other, flags[1])))]
+    state = _State(machine, [Launch(copy, (1, 1, 1), (64, 1, 1), bytes(16)), *launches])
+    try:
+        first, second = copy.program.table, other.program.table
+        joined = state.program[len(first): len(first) + len(second)]
+        links = [F_NEXT, F_TARGET]
+        kept = [c for c in range(second.shape[1]) if c not in links]
+        assert (joined[:, kept] == second[:, kept]).all()
+        assert (joined[:, links] == second[:, links] + len(first)).all()
+    finally:
+        state.release()
+    machine.launch_many(launches)
+    assert [f.tolist() for f in flags] == [[1, 1], [1, 1]]

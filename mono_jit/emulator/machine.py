@@ -20,6 +20,7 @@ from numba import typed
 
 from . import core
 from .codeobj import USER_SGPRS, CodeObject, CodeObjectError
+from .decode import F_NEXT, F_TARGET
 from .ops import CLASSES
 
 LDS_BYTES = 160 * 1024  # gfx950's LDS per CU (MI355X: 160 KiB)
@@ -225,8 +226,8 @@ class _State:
             if launch.code.descriptor.private_segment_size:
                 raise CodeObjectError(f"{launch.code.name}: scratch (private segment) is not emulated")
             table = launch.code.program.table.copy()
-            table[:, 18] += rows  # F_NEXT
-            table[:, 19] += rows  # F_TARGET
+            table[:, F_NEXT] += rows  # each launch's rows follow the ones before in one table
+            table[:, F_TARGET] += rows
             tables.append(table)
             self.row0.append(rows)
             rows += len(table)
