@@ -24,7 +24,11 @@ def _cli(root: Path, *args: str):
 
 
 def _age_every_file(root: Path, seconds: float) -> None:
+    """Every file and folder of the cache made older; symlinks are left alone, not followed (the
+    staged ROCm root links to the system's ld.lld and bitcode, whose times are not ours)."""
     for path in (root / "v1").rglob("*"):
+        if path.is_symlink():
+            continue
         st = path.stat()
         os.utime(path, (st.st_atime - seconds, st.st_mtime - seconds))
 
