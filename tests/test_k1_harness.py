@@ -6,7 +6,6 @@ harness must accept the reference and catch each way of breaking the contract.""
 from __future__ import annotations
 
 import pytest
-import torch
 from k1_harness import BLOCK, H, PAGE_STRIDE, K1Run, check_stage, prepare_stage, scratch
 from mono_jit.selfcheck.k1_world import random_weights
 

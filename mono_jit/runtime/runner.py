@@ -219,7 +219,7 @@ class MonoRunner:
                 b.name: scratch[(build.template, b.name)][:b.elements] if not b.zeroed_once
                 else self._zeros(b.elements, getattr(torch, b.dtype)) for b in declared}
         rows, heads = max(self.buckets), model.HEADS // self.tp
-        bf16, f32, i32 = torch.bfloat16, torch.float32, torch.int32
+        bf16, i32 = torch.bfloat16, torch.int32
         empty = self._empty
         self.front_out = {"r_out": empty(rows, STREAMS, H, dtype=bf16), "post_out": empty(rows, STREAMS),
                           "comb_out": empty(rows, STREAMS, STREAMS), "x_norm": empty(rows, H, dtype=bf16),
