@@ -26,9 +26,7 @@ TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))  # the K2 test world and its harness
 
 from mono_jit.config import Settings  # noqa: E402
-from mono_jit.emulator import CodeObject, Launch, Machine  # noqa: E402
 from mono_jit.resolve import resolve  # noqa: E402
-from mono_jit.runtime.kernargs import pack  # noqa: E402
 from mono_jit.selfcheck.emulated import emulated_launcher  # noqa: E402
 from mono_jit.selfcheck.k1_world import K1Run, random_weights  # noqa: E402
 from mono_jit.spec import Spec  # noqa: E402
@@ -46,40 +44,22 @@ def k1_launch(bucket: int, settings: Settings) -> tuple[int, float]:
 
 def k2_launch(settings: Settings) -> tuple[int, float]:
     """The whole K2 on 8 emulated ranks (bucket 4, ratio 4): (wave-instructions, seconds)."""
-    import layer_math
+    from k2_emulation import K2Code, rank_moe_weights, run_on_ranks, sparse_moe
     from k2_harness import K2Run
     from k2_inputs import TP, full_weights, shard, world
-    from test_k2_moe_reference import vllm_layout
-
-    from mono_jit.templates.k2.moe_layout import K2MoeLayout
 
     wd = world(4)
     spec = Spec(8, 4, wd.inputs.topk.shape[1], 4)
     found = resolve(get("k2"), spec, settings=settings)
-    code = CodeObject(found.hsaco, found.meta["launches"][0]["kernel"])
+    code = K2Code.of(spec, found.hsaco, found.meta["launches"])
     shards = [shard(full_weights(), rank) for rank in range(TP)]
-    g = torch.Generator().manual_seed(3)
-    live = list(range(0, 384, 24))  # 16 reachable experts of 384: the others are never read
-    bias = torch.randn(384, generator=g) * 0.1
-    bias[live] += 50.0
-    experts = layer_math._moe_weights(g, 384, live, bias)
-    lay = K2MoeLayout(8, 4, spec.topk_width, 4)
+    layer = sparse_moe(range(0, 384, 24))  # 16 reachable experts of 384: the others are never read
+    lay = K2Run(wd, shards[0], 0, 4, "cpu").lay
     mailboxes = [torch.zeros(lay.peer_bytes // 8, dtype=torch.int64) for _ in range(TP)]
-    machine, launches, runs = Machine(devices=TP), [], []
-    for rank in range(TP):
-        run = K2Run(wd, shards[rank], rank, 4, "cpu", mailbox=mailboxes[rank],
-                    peer_addresses=[m.data_ptr() for m in mailboxes], moe=vllm_layout(experts, rank))
-        runs.append(run)  # keeps every rank's buffers alive through the launch
-        for name, tensor in run.weight_tensors.items():
-            machine.register_new(tensor, f"rank{rank}.{name}", writable=False)
-        values = run.arguments()
-        for name, tensor in {**run.state_tensors, **values}.items():
-            if hasattr(tensor, "data_ptr"):
-                machine.register_new(tensor, f"rank{rank}.{name}")
-        shape = found.meta["launch"]
-        launches.append(Launch(code, tuple(shape["grid"]), tuple(shape["block"]), pack(found.meta, values),
-                               shape["dynamic_lds"], rank))
-    report = machine.launch_many(launches)
+    runs = [K2Run(wd, shards[rank], rank, 4, "cpu", mailbox=mailboxes[rank],
+                  peer_addresses=[m.data_ptr() for m in mailboxes], moe=rank_moe_weights(layer, rank))
+            for rank in range(TP)]
+    report = run_on_ranks(code, runs)
     return report.wave_instructions, report.seconds
 
 

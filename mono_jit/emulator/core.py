@@ -881,13 +881,13 @@ def common_valu(op, T, TF, select):
             TF[3, lane] = TF[0, lane] * TF[1, lane]
     elif op == O.OP_V_FMA_F32 or op == O.OP_V_FMAC_F32:
         for lane in range(64):
-            TF[3, lane] = np.float32(np.float64(TF[0, lane]) * np.float64(TF[1, lane]) + np.float64(TF[2, lane]))
+            TF[3, lane] = fma32(TF[0, lane], TF[1, lane], TF[2, lane])
     elif op == O.OP_V_FMAMK_F32:  # fma(S0, K, S1); K (the literal) was read as S2
         for lane in range(64):
-            TF[3, lane] = np.float32(np.float64(TF[0, lane]) * np.float64(TF[2, lane]) + np.float64(TF[1, lane]))
+            TF[3, lane] = fma32(TF[0, lane], TF[2, lane], TF[1, lane])
     elif op == O.OP_V_FMAAK_F32:  # fma(S0, S1, K)
         for lane in range(64):
-            TF[3, lane] = np.float32(np.float64(TF[0, lane]) * np.float64(TF[1, lane]) + np.float64(TF[2, lane]))
+            TF[3, lane] = fma32(TF[0, lane], TF[1, lane], TF[2, lane])
     elif op == O.OP_V_ADD_U32:
         for lane in range(64):
             T[3, lane] = T[0, lane] + T[1, lane]
