@@ -39,6 +39,14 @@ def cache_key(factors: dict) -> str:
     return sha256(canonical_json(factors).encode()).hexdigest()
 
 
+def build_identity(factors: dict) -> str:
+    """The build a key stands for, whatever toolchain built it: the hash of every factor but the
+    toolchain (store format, template and source digest, spec, arch, compile options). Derived
+    from an entry's stored factors, which its key covers, so no entry can claim an identity its
+    factors disagree with."""
+    return cache_key({name: value for name, value in factors.items() if name != "toolchain"})
+
+
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     """{'a.b': value} view of nested factors, for diffs."""
     if isinstance(data, dict):

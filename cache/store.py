@@ -260,6 +260,7 @@ class Store:
             f"{layer.root} ({'writable' if layer.writable else 'read-only'})" for layer in self.layers) or "none")
         self._arch_trust: dict[tuple[Path, str], bool] = {}
         self.rejected: dict[str, list[tuple[Path, str]]] = {}  # key -> each copy a lookup found unusable, and why
+        self._toolchains: dict[tuple[str, str], list[dict]] = {}  # (recorded or scanned, arch) -> fingerprints
 
     # -- trust -------------------------------------------------------------------------------
 
@@ -423,6 +424,37 @@ class Store:
                     found.append(fingerprint)
         return found
 
+    def entry_toolchains(self, arch: str) -> list[dict]:
+        """Fingerprints found in the factors of the entries for `arch` themselves, in layer
+        order: what finds an entry whose toolchain record is missing (copied without it, or
+        made before records existed). Reads every meta.json, so only a lookup that the records
+        did not serve asks; the entry a fingerprint leads to is verified when it is loaded."""
+        found: list[dict] = []
+        for layer in self.layers:
+            if not self._arch_trusted(layer, arch):
+                continue
+            for path in _entry_paths(layer, layer.base / arch):
+                if path.parent.name == arch:  # a refused prefix folder, not an entry
+                    continue
+                fingerprint = _stored_toolchain(layer, path)
+                if fingerprint is not None and fingerprint not in found:
+                    found.append(fingerprint)
+        return found
+
+    def other_toolchains(self, arch: str, own: dict | None) -> Iterator[dict]:
+        """Every toolchain but `own` whose entries for `arch` the layers may hold: the recorded
+        ones, then those only the entries' factors name (scanned only if iterated that far).
+        Each list is read once per store."""
+        seen = [own]
+        for kind, read in (("recorded", self.recorded_toolchains), ("scanned", self.entry_toolchains)):
+            known = self._toolchains.get((kind, arch))
+            if known is None:
+                known = self._toolchains[(kind, arch)] = read(arch)
+            for fingerprint in known:
+                if fingerprint not in seen:
+                    seen.append(fingerprint)
+                    yield fingerprint
+
     def quarantine(self, layer: Layer, path: Path, reason: str) -> None:
         """Set a bad entry aside (writable layer) and log why; a read-only one is only skipped.
         A link or file in an entry's place is deleted (never followed, nothing to diagnose)."""
@@ -515,6 +547,17 @@ def _toolchain_records(layer: Layer, folder: Path) -> Iterator[dict]:
             continue
         if isinstance(fingerprint, dict):
             yield fingerprint
+
+
+def _stored_toolchain(layer: Layer, path: Path) -> dict | None:
+    """The toolchain fingerprint in the factors of the entry at `path`, if its meta.json is a
+    trusted, readable JSON object holding one (nothing else is checked here)."""
+    try:
+        meta = json.loads(_read_file(path / META_NAME, META_CAP, layer.allow_shared))
+        fingerprint = meta["factors"]["toolchain"]
+    except (CorruptEntry, ValueError, RecursionError, TypeError, KeyError):
+        return None
+    return fingerprint if isinstance(fingerprint, dict) else None
 
 
 def last_used(path: Path) -> float:

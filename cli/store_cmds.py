@@ -102,9 +102,10 @@ def inspect(key, cache_dir, as_json):
 @json_option
 @guarded
 def explain(templates, tp, ratio, max_model_len, topk_width, max_tokens, arch, cache_dir, as_json):
-    """Say whether a spec hits; if not, whether its entry is corrupt or which kind of miss it is
-    (not in any layer, built by another toolchain, unreadable) and which key factors differ
-    from the nearest entry. Takes prebuild's options, one value each."""
+    """Say whether a spec hits and which entry serves it (this host's toolchain's, or the same
+    build by another toolchain when it has none); if not, whether its entry is corrupt or which
+    kind of miss it is (not in any layer, built by another toolchain, unreadable) and which key
+    factors differ from the nearest entry. Takes prebuild's options, one value each."""
     try:
         (spec,) = deployment_grid(tp, max_model_len, [max_tokens], [ratio], arch)
         if topk_width is not None:
@@ -118,6 +119,9 @@ def explain(templates, tp, ratio, max_model_len, topk_width, max_tokens, arch, c
         return
     if report.status == "hit":
         click.echo(f"hit: {report.label} is entry {report.key[:16]} at {report.path}")
+        if report.served_by != "this host's toolchain":
+            built_by = api.describe_toolchain(report.built_by)
+            click.echo(f"served by the entry of another toolchain ({built_by}): {report.reason}")
     elif report.status == "corrupt":
         click.echo(f"corrupt: {report.label}: the entry at {report.path} fails verification ({report.reason}); "
                    "the next load sets it aside and compiles it again (a read-only layer's copy is skipped)")

@@ -37,8 +37,8 @@ if TYPE_CHECKING:  # these load when used
     from .deployment import GridCheck
 
 __all__ = ["Checks", "Explanation", "Listing", "PrebuildReport", "Resolved", "StatsReport", "VerifyReport",
-           "cannot_compile_here", "check_grid", "clear", "default_jobs", "doctor", "explain", "export",
-           "find_entry", "gc", "import_bundle", "list_entries", "prebuild", "resolve", "resolve_many", "stats",
+           "cannot_compile_here", "check_grid", "clear", "default_jobs", "describe_toolchain", "doctor", "explain",
+           "export", "find_entry", "gc", "import_bundle", "list_entries", "prebuild", "resolve", "resolve_many", "stats",
            "verify"]
 
 
@@ -157,9 +157,10 @@ def verify(*, rebuild: bool = False, jobs: int | None = None, timeout: float = 6
 
 
 def explain(template: str | Template, spec: Spec, *, settings: Settings | None = None) -> Explanation:
-    """Whether `template` at `spec` hits, and if not, why: the corrupt copy in its place, or the
-    kind of miss and the key factors that differ from the nearest entry. Without a toolchain
-    here (a lean host), keys are computed with the toolchains recorded in the layers. Writes nothing."""
+    """Whether `template` at `spec` hits, by which entry and why (this host's toolchain's, or the
+    same build by another toolchain when it has none), and if not, why: the corrupt copy in its
+    place, or the kind of miss and the key factors that differ from the nearest entry. Without a
+    toolchain here (a lean host), keys are computed with the toolchains in the layers. Writes nothing."""
     from .diagnosis import explain as run
     from .toolchain import resolve_toolchain
 
@@ -167,11 +168,11 @@ def explain(template: str | Template, spec: Spec, *, settings: Settings | None =
     template = template if isinstance(template, Template) else get(template)
     store = Store(settings)
     try:
-        fingerprints, how = [resolve_toolchain(settings).fingerprint], "this host's"
+        own, how = resolve_toolchain(settings).fingerprint, "this host's"
     except ToolchainError as exc:
-        fingerprints = store.recorded_toolchains(spec.arch)
-        how = f"recorded in the layers ({len(fingerprints)}): none usable here ({exc})"
-    return run(store, template, spec, fingerprints, how)
+        own = None
+        how = f"recorded in the layers ({len(store.recorded_toolchains(spec.arch))}): none usable here ({exc})"
+    return run(store, template, spec, own, how)
 
 
 def list_entries(templates: Iterable[str] | None = None, *, settings: Settings | None = None) -> Listing:
@@ -217,6 +218,13 @@ def export(bundle: Path, *, templates: Iterable[str] | None = None, settings: Se
     entries = [e for e in Store(_settings(settings)).served()
                if names is None or e.meta["template"] in names]
     return export_bundle(bundle, entries)
+
+
+def describe_toolchain(fingerprint: dict) -> str:
+    """A toolchain fingerprint in one short line (digests cut), as the resolver's log names it."""
+    from .toolchain import describe
+
+    return describe(fingerprint)
 
 
 def worker_env_removed() -> dict[str, str]:

@@ -103,6 +103,9 @@ _TABLE: tuple[tuple[str, str, Callable[[str], object], Callable[[], object], str
      "ld.lld to link code object v6 with (default: searched)"),
     ("device_libs", "MONO_JIT_DEVICE_LIBS", lambda s: Path(s).expanduser(), lambda: None,
      "folder of AMDGPU device bitcode (ocml.bc ...) (default: searched)"),
+    ("exact_toolchain", "MONO_JIT_EXACT_TOOLCHAIN", _flag, lambda: False,
+     "serve only entries this host's toolchain built (default: when it has none, the same build by a toolchain "
+     "recorded in the layers serves)"),
     ("vllm_plugin", "MONO_JIT_VLLM", _flag, lambda: True,
      "serve vLLM's --monokernel runner with mono-jit's (0: leave vLLM's own in place)"),
     ("remote", "MONO_JIT_REMOTE", _remote, lambda: None,

@@ -1,10 +1,12 @@
 """Why a spec hits or misses: the entry it hits, the corrupt copy in its place, or the kind of
 miss and the key factors that differ from the nearest entry.
 
-A miss is one of: ``unreadable`` (a copy of the key is there but fails verification or its
-trust check), ``built by another toolchain`` (the template at this spec is cached, built by a
-FlyDSL / ld.lld / bitcode other than this host's), ``built from other template sources`` (the
-same, from template sources other than the installed ones) or ``not in any layer``. The
+A hit is served by this host's toolchain's entry or, when it has none, by the same build of
+another toolchain the layers hold (as the resolver serves it). A miss is one of: ``unreadable``
+(a copy of the key is there but fails verification or its trust check), ``built by another
+toolchain`` (the same build, by a FlyDSL / ld.lld / bitcode other than this host's, refused by
+``MONO_JIT_EXACT_TOOLCHAIN=1``), ``built from other template sources`` (the template at this
+spec, from template sources other than the installed ones) or ``not in any layer``. The
 resolver's miss errors and ``mono-jit explain`` share this one diagnosis; it writes nothing.
 """
 
@@ -14,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mono_jit.cache import Entry, Store
-from mono_jit.cache.key import diff
+from mono_jit.cache.key import build_identity, diff
 
 from .build import BuildJob
 from .spec import Spec
@@ -56,14 +58,44 @@ def classify(store: Store, jobs: list[BuildJob], bad: list[tuple[Path, str]] | N
     if not jobs:
         return Miss(NOT_FOUND, "no toolchain here and none recorded in any layer")
     others = [e for e in store.served() if _same_build(jobs[0], e)]
-    for kind, factor in ((OTHER_TOOLCHAIN, "toolchain"), (OTHER_SOURCES, "template")):
-        for entry in others:
-            names = [name for name, _, _ in diff(jobs[0].factors, entry.meta["factors"])
-                     if name.split(".")[0] == factor]
-            if names:
-                return Miss(kind, f"entry {entry.key[:16]} at {entry.layer.root} differs in {', '.join(names)}")
+    identity = build_identity(jobs[0].factors)
+    for entry in others:  # the same build by another toolchain: a lookup serves it unless told not to
+        if build_identity(entry.meta["factors"]) == identity:
+            names = [name for name, _, _ in diff(jobs[0].factors, entry.meta["factors"])]
+            refused = "; MONO_JIT_EXACT_TOOLCHAIN=1 refuses it" if store.settings.exact_toolchain else ""
+            return Miss(OTHER_TOOLCHAIN, f"entry {entry.key[:16]} at {entry.layer.root} differs in "
+                                         f"{', '.join(names)}{refused}")
+    for entry in others:
+        names = [name for name, _, _ in diff(jobs[0].factors, entry.meta["factors"]) if name.startswith("template.")]
+        if names:
+            return Miss(OTHER_SOURCES, f"entry {entry.key[:16]} at {entry.layer.root} differs in {', '.join(names)}")
     roots = ", ".join(str(layer.root) for layer in store.layers) or "no readable layer"
     return Miss(NOT_FOUND, f"searched {roots}")
+
+
+THIS_TOOLCHAIN = "this host's toolchain"
+ANOTHER_TOOLCHAIN = "another toolchain"
+
+
+def _tried(store: Store, spec: Spec, own: dict | None):
+    """The toolchains whose entries a lookup tries, in its order: this host's, then (unless
+    MONO_JIT_EXACT_TOOLCHAIN, which needs a toolchain here) every other the layers hold."""
+    if own is not None:
+        yield own
+        if store.settings.exact_toolchain:
+            return
+    yield from store.other_toolchains(spec.arch, own)
+
+
+def _why_another(own_job: BuildJob | None, bad: list[tuple[Path, str]]) -> str:
+    """Why an entry of another toolchain serves: this host has no toolchain, or its own entry
+    is missing or unusable."""
+    if own_job is None:
+        return "this host has no toolchain of its own"
+    mine = [(path, reason) for path, reason in bad if path.name == own_job.key]
+    if mine:
+        return f"this host's toolchain's entry {mine[0][0]} is unusable ({mine[0][1]})"
+    return f"this host's toolchain has no entry (key {own_job.key[:16]}); MONO_JIT_EXACT_TOOLCHAIN=1 would refuse it"
 
 
 @dataclass(frozen=True)
@@ -79,22 +111,30 @@ class Explanation:
     nearest: str | None
     differences: list[dict] = field(default_factory=list)  # {factor, wanted, stored}
     toolchain: str = "this host's"  # or how the keys were computed without one
+    served_by: str | None = None  # a hit: THIS_TOOLCHAIN or ANOTHER_TOOLCHAIN
+    built_by: dict | None = None  # a hit: the toolchain fingerprint of the entry that serves
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
 
 
-def explain(store: Store, template: Template, spec: Spec, fingerprints: list[dict], toolchain: str) -> Explanation:
-    """Explain `template` at `spec` under each toolchain fingerprint in `fingerprints` (this
-    host's, or those recorded in the layers on a host without one), writing nothing."""
-    jobs = [BuildJob.plan(template, spec, fingerprint) for fingerprint in fingerprints]
-    label = jobs[0].label if jobs else f"{template.name}[{spec.label()}]"
+def explain(store: Store, template: Template, spec: Spec, own: dict | None, toolchain: str) -> Explanation:
+    """Explain `template` at `spec` as a lookup serves it, writing nothing: the entry of this
+    host's toolchain `own` (None: it has none), else, unless MONO_JIT_EXACT_TOOLCHAIN, the same
+    build by another toolchain the layers hold; `toolchain` says how the keys were computed."""
+    jobs: list[BuildJob] = []
     bad: list[tuple[Path, str]] = []
-    for job in jobs:
+    for fingerprint in _tried(store, spec, own):
+        job = BuildJob.plan(template, spec, fingerprint)
+        jobs.append(job)
         entry, unusable = store.probe(job.key, job.arch)
         if entry is not None:
-            return Explanation(label, job.key, "hit", str(entry.path), None, None, entry.key, [], toolchain)
+            served_by = THIS_TOOLCHAIN if fingerprint == own else ANOTHER_TOOLCHAIN
+            reason = None if fingerprint == own else _why_another(jobs[0] if own is not None else None, bad)
+            return Explanation(job.label, job.key, "hit", str(entry.path), reason, None, entry.key, [], toolchain,
+                               served_by, fingerprint)
         bad += unusable
+    label = jobs[0].label if jobs else f"{template.name}[{spec.label()}]"
     key = jobs[0].key if jobs else None
     corrupt = [(path, reason) for path, reason in bad if path.name in {job.key for job in jobs}]
     if corrupt:

@@ -2,8 +2,10 @@
 
 ``resolve`` checks the store (read-only layers, then the writable one); on a miss it takes the
 key's lock, checks again and compiles in an isolated worker, so eight ranks starting together
-compile each key once. A process with no toolchain to fingerprint (no FlyDSL or ld.lld, as on
-a lean serving image) looks the spec up under the toolchains recorded in the layers instead.
+compile each key once. When this host's toolchain has no entry for a build (a ROCm image brings
+FlyDSL, ld.lld and bitcode of its own; a lean image has none to fingerprint), the same build by
+another toolchain the layers hold serves, verified as any entry, with one log line naming that
+toolchain; ``MONO_JIT_EXACT_TOOLCHAIN=1`` serves only this host's toolchain's entries.
 ``MONO_JIT_OFFLINE=1`` makes a miss an error naming the exact prebuild command that fills its
 key; a miss that cannot compile says which kind it is (diagnosis.py: not in any layer, built by
 another toolchain, unreadable). With ``MONO_JIT_REMOTE`` set, a miss asks that registry first,
@@ -115,7 +117,6 @@ class _Session:
         except ToolchainError as exc:
             self.toolchain, self.unavailable = None, exc
         self.counts = Counters()
-        self._recorded: dict[str, list[dict]] = {}
         self._by_key: dict[str, Resolved] = {}
         self._digests: dict[int, tuple[Template, str]] = {}  # id -> (template, its source digest)
 
@@ -142,10 +143,14 @@ class _Session:
             self.counts.hits += 1
             info(__name__, "hit %s: %s", job.label, entry.path)
             return Resolved(entry, compiled=False)
+        if not settings.exact_toolchain:
+            served = self._other_toolchain(job.template, spec)
+            if served is not None:
+                return served
         self.counts.misses += 1
         info(__name__, "miss %s (key %s)%s", job.label, job.key[:16], "" if settings.offline else ": compiling")
         if settings.offline and self.remote is None:
-            raise _offline_miss(store, job)
+            raise _offline_miss(store, self._tried(job))
         from mono_jit.cache.lock import single_flight  # only a miss needs it
 
         with single_flight(settings.locks(), job.key, settings.lock_timeout, job.label,  # type: ignore[arg-type]
@@ -154,7 +159,7 @@ class _Session:
             if entry is not None:
                 return Resolved(entry, compiled=False)
             if settings.offline:
-                raise _offline_miss(store, job)
+                raise _offline_miss(store, self._tried(job))
             env = compile_environment(self.toolchain, spec.arch)  # type: ignore[arg-type]
             try:
                 built = compile_job(job, store, env, settings.compile_timeout)
@@ -174,30 +179,43 @@ class _Session:
         then = "MONO_JIT_OFFLINE=1: not compiling it" if self.settings.offline else "compiling it here"
         return self.remote.fetch(self.store, job.key, job.arch, job.label, then)
 
-    def _without_toolchain(self, template: Template, spec: Spec) -> Resolved:
-        """No toolchain to fingerprint here (a serving host without FlyDSL or ld.lld): look the
-        spec up under each toolchain that built entries in the layers; nothing can be compiled."""
-        if spec.arch not in self._recorded:
-            self._recorded[spec.arch] = self.store.recorded_toolchains(spec.arch)
-        jobs = []
-        for fingerprint in self._recorded[spec.arch]:
+    def _tried(self, job: BuildJob) -> list[BuildJob]:
+        """`job` and the same build under each toolchain a lookup tried after it, for a miss's
+        diagnosis."""
+        if self.settings.exact_toolchain:
+            return [job]
+        own = job.factors["toolchain"]
+        return [job, *(self.plan(job.template, job.spec, fp) for fp in self.store.other_toolchains(job.arch, own))]
+
+    def _other_toolchain(self, template: Template, spec: Spec) -> Resolved | None:
+        """The same build (template, sources, spec, arch, options) by another toolchain the
+        layers hold, verified as any load is: its key is computed from this build's factors and
+        that toolchain's fingerprint, so its stored factors match this build's but for the
+        toolchain. Tried in layer order, this host's own toolchain never (the caller did)."""
+        own = None if self.toolchain is None else self.toolchain.fingerprint
+        for fingerprint in self.store.other_toolchains(spec.arch, own):
             job = self.plan(template, spec, fingerprint)
-            jobs.append(job)
             done = self._by_key.get(job.key)
             if done is not None:
                 return done
             entry = self.store.lookup(job.key, job.arch)
             if entry is not None:
                 self.counts.hits += 1
-                info(__name__, "hit %s under a recorded toolchain: %s", job.label, entry.path)
+                _announce(fingerprint, own, job, entry)
                 done = self._by_key[job.key] = Resolved(entry, compiled=False)
                 return done
-        fetched = self._fetch_without_toolchain(template, spec)
-        if fetched is not None:
-            return fetched
+        return None
+
+    def _without_toolchain(self, template: Template, spec: Spec) -> Resolved:
+        """No toolchain to fingerprint here (a serving host without FlyDSL or ld.lld): look the
+        spec up under each toolchain that built entries in the layers; nothing can be compiled."""
+        served = self._other_toolchain(template, spec) or self._fetch_without_toolchain(template, spec)
+        if served is not None:
+            return served
         self.counts.misses += 1
         from .diagnosis import classify  # only a miss needs it
 
+        jobs = [self.plan(template, spec, fingerprint) for fingerprint in self.store.other_toolchains(spec.arch, None)]
         raise ToolchainError(
             f"{template.name} [{spec.label()}] is in no cache layer under any recorded toolchain "
             f"({classify(self.store, jobs)}), and it cannot be compiled here: {self.unavailable}"
@@ -230,13 +248,35 @@ class _Session:
         return None
 
 
-def _offline_miss(store: Store, job: BuildJob) -> OfflineMiss:
-    """A miss offline mode forbids compiling: which kind of miss, and the command that fills it."""
+_ANNOUNCED: set[str] = set()  # the toolchains this process has said it serves entries of
+
+
+def _announce(fingerprint: dict, own: dict | None, job: BuildJob, entry: Entry) -> None:
+    """One INFO line a process (per serving toolchain) naming the toolchain that built the
+    entries it serves in place of its own's."""
+    from .toolchain import describe
+
+    built_by = describe(fingerprint)
+    if built_by in _ANNOUNCED:
+        return
+    _ANNOUNCED.add(built_by)
+    import logging
+
+    why = ("this host has no toolchain of its own" if own is None else
+           f"this host's toolchain ({describe(own)}) has none; MONO_JIT_EXACT_TOOLCHAIN=1 serves only its own")
+    logging.getLogger(__name__).info("mono-jit serves kernels built by another toolchain (%s), %s from %s first: %s",
+                                     built_by, job.label, entry.layer.root, why)
+
+
+def _offline_miss(store: Store, tried: list[BuildJob]) -> OfflineMiss:
+    """A miss offline mode forbids compiling (`tried`: this host's job, then the same build under
+    each other toolchain looked up): which kind of miss, and the command that fills it."""
     from .diagnosis import classify  # only a miss needs it
 
+    job = tried[0]
     return OfflineMiss(
         f"{job.label} [{job.spec.label()}] is not in the cache (key {job.key[:16]}): "
-        f"{classify(store, [job])}; MONO_JIT_OFFLINE=1 forbids compiling it; "
+        f"{classify(store, tried)}; MONO_JIT_OFFLINE=1 forbids compiling it; "
         f"fill it with: {prebuild_command(job)}  (mono-jit explain shows why it missed)"
     )
 

@@ -391,6 +391,12 @@ def _resolve_toolchain(settings: Settings) -> Toolchain:
     return Toolchain(linker, bitcode, fingerprint, system, toolchain_dir)
 
 
+def describe(fingerprint: dict) -> str:
+    """A toolchain fingerprint for a log line: each factor, digests cut to 12 hex digits."""
+    shown = {name: str(value) for name, value in sorted(fingerprint.items())}
+    return ", ".join(f"{name}={text[:12] if len(text) == 64 else text}" for name, text in shown.items())
+
+
 def removed_variables(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The variables of `base` (default: os.environ) that compile workers run without: FlyDSL's
     (FLYDSL_*) and those FlyDSL reads bare (ARCH, COMPILE_ONLY, HSA_OVERRIDE_GFX_VERSION); any

@@ -102,16 +102,18 @@ def test_an_offline_miss_says_which_kind_of_miss(warm_cache, case, kind):
             _rebuilt_by_another_toolchain(warm_cache)
         else:
             flip_hsaco_byte(router_entry(warm_cache))
+    # Another toolchain's entry of the same build serves unless the exact toolchain is asked for.
+    exact = {"MONO_JIT_EXACT_TOOLCHAIN": "1"} if case == "toolchain" else {}
     with pytest.raises(OfflineMiss) as info:
-        resolve("router", spec, settings=settings_at(warm_cache, MONO_JIT_OFFLINE="1"))
+        resolve("router", spec, settings=settings_at(warm_cache, MONO_JIT_OFFLINE="1", **exact))
     text = str(info.value)
     assert f"): {kind}: " in text and "\n" not in text and "fill it with: mono-jit prebuild" in text, text
     if case == "toolchain":
-        assert "toolchain.ld_lld" in text
+        assert "toolchain.ld_lld" in text and "MONO_JIT_EXACT_TOOLCHAIN=1 refuses it" in text
     if case == "flipped":
         assert "sha256" in text
     explained = json.loads(invoke(warm_cache, "explain", "--template", "router", "--max-tokens",
-                                  str(spec.max_tokens), "--json").stdout)
+                                  str(spec.max_tokens), "--json", env=exact).stdout)
     assert explained["status"] == ("corrupt" if case == "flipped" else "miss")
     if case != "flipped":
         assert explained["miss_kind"] == kind
