@@ -9,11 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 from cache_settings import settings_at
+from sparse_memory import GiB, sparse_bytes
 
 from mono_jit.prebuild import prebuild
 from mono_jit.selfcheck.cases import k1_case, keytable_case, router_case
 from mono_jit.selfcheck.emulated import emulated_launcher
-from mono_jit.selfcheck.k1_world import K1Run, random_weights, scratch
+from mono_jit.selfcheck.k1_world import BLOCK, PAGE_STRIDE, PAGES, K1Run, random_weights, scratch
 from mono_jit.spec import STANDARD_MAX_TOKENS, Spec
 from mono_jit.templates import get
 
@@ -75,6 +76,24 @@ def test_k1_code_object_with_other_row_counts_on_one_sync_area(k1_cache):
         run.launch(step)
         run.check(step, cache_before=before)
         assert run.sync[:3].tolist() == [launch, 0, 0]
+
+
+def test_k1_code_object_inserts_records_past_4_gib_of_a_larger_cache(k1_cache, tmp_path):
+    """The SWA cache past 4 GiB (a sparse file) and the step's slots in its last pages, past 2^32
+    bytes (pages past 2^31 / stride): K1 writes each record through a 64-bit address
+    (page x stride in i64), as the reference places it, and no other byte of those pages; a
+    buffer resource's i32 extent refused such a cache at packing."""
+    run = _k1(k1_cache, 8)
+    first = 4 * GiB // PAGE_STRIDE + 1000
+    run.cache = sparse_bytes(tmp_path / "swa", (first + PAGES) * PAGE_STRIDE)
+    step = run.set_step(7, seed=5, do_fold=1)
+    step.slots += (step.slots >= 0) * first * BLOCK
+    run.slots[: step.m].copy_(step.slots)
+    at = first * PAGE_STRIDE
+    assert at > 4 * GiB and int(step.slots.max()) * (PAGE_STRIDE // BLOCK) > 4 * GiB
+    before = run.cache[at:].clone()
+    run.launch(step)
+    run.check(step, cache_before=before, cache_at=at)
 
 
 def test_k1_code_object_traps_on_a_dirty_sync_area(k1_cache):

@@ -1,5 +1,6 @@
 """Kernarg packing on the CPU against the code-object metadata of every template (compiled for
-real): each tensor is its pointer then its i32 extent, each scalar its i32, at the offsets the
+real): each tensor is its pointer then its i32 extent (0 for an unbounded one: the KV caches),
+each scalar its i32, at the offsets the
 code object's own argument table gives (read from the HSACO here, not from meta.json); an i64
 scalar on a table of its own."""
 
@@ -10,12 +11,14 @@ import struct
 import pytest
 import torch
 from cache_settings import settings_at
+from sparse_memory import GiB, sparse_bytes
 
 from mono_jit.cache.store import Store
 from mono_jit.errors import TemplateError
 from mono_jit.hsaco import read_metadata
 from mono_jit.runtime.backends import declared_meta
-from mono_jit.runtime.kernargs import KernargError, pack
+from mono_jit.runtime.kernargs import KernargError, layout, pack
+from mono_jit.runtime.runner import pages
 from mono_jit.spec import Spec
 from mono_jit.templates import Argument, LaunchShape, Template, checks, get
 
@@ -63,7 +66,8 @@ def test_packed_bytes_sit_where_the_code_object_says(every_template, name):
             assert (pointer.size, pointer.value_kind, extent.size, extent.value_kind) == (8, "global_buffer", 4,
                                                                                           "by_value")
             assert struct.unpack_from("<Q", buffer, pointer.offset)[0] == value.data_ptr(), a["name"]
-            assert struct.unpack_from("<i", buffer, extent.offset)[0] == value.numel(), a["name"]
+            length = 0 if a.get("unbounded") else value.numel()  # an unbounded tensor's slot holds 0
+            assert struct.unpack_from("<i", buffer, extent.offset)[0] == length, a["name"]
         else:
             scalar = next(slot)
             assert scalar.size == 4 and struct.unpack_from("<i", buffer, scalar.offset)[0] == value, a["name"]
@@ -142,3 +146,27 @@ def test_an_i64_argument_is_eight_bytes_where_the_table_says():
     meta["kernels"] = [{"args": [{**table[0], "size": 4}, *table[1:]]}]
     with pytest.raises(KernargError, match="expected by_value/8 B"):
         pack(meta, {"address": 1, "m": 1, "stride": 0})
+
+
+@pytest.mark.parametrize("name, caches", [("k1", ("kv_cache",)), ("k2", ("swa_cache", "comp_cache"))])
+def test_kv_caches_past_4_gib_pack_with_their_pointer(name, caches, tmp_path):
+    """The KV caches (declared unbounded: K1 and K2 address their records in 64 bits) pack at any
+    size: vLLM's [pages, 64, 584] view of a 5 GiB cache (a sparse file), flattened as the runner
+    passes it, packs its pointer and an extent of 0, where the i32 extent refused it; any other
+    tensor past the i32 extent is still refused by name."""
+    meta = declared_meta(get(name), Spec(8, 4, 1024, 1))
+    stride = 64 * 584 + 64
+    cache = sparse_bytes(tmp_path / "cache", 5 * GiB // stride * stride).view(-1, stride)
+    view = pages(torch.as_strided(cache, (cache.shape[0], 64, 584), (stride, 584, 1)))
+    assert view.numel() > 4 * GiB
+    values = {**values_for(meta["arguments"]), **{c: view for c in caches}}
+    buffer = pack(meta, values)
+    slots, _ = layout(meta)
+    for c in caches:
+        pointer, extent = [s for s in slots if s.argument == c]
+        assert struct.unpack_from("<Q", buffer, pointer.offset)[0] == cache.data_ptr()
+        assert struct.unpack_from("<i", buffer, extent.offset)[0] == 0
+    other = next(a for a in meta["arguments"] if a["kind"] == "tensor" and a["name"] not in caches)
+    huge = torch.empty(2**31, dtype=getattr(torch, other["dtype"]), device="meta")
+    with pytest.raises(KernargError, match=f"argument '{other['name']}': 2147483648 elements do not fit"):
+        pack(meta, {**values, other["name"]: huge})

@@ -7,7 +7,9 @@ import dataclasses
 
 import pytest
 import torch
-from hook_inputs import Dims, expected_front, hook_step, layer_weights, random_weights, record_view
+from hook_inputs import (PAGE_BLOCK, PAGE_BYTES, PAGES, Dims, expected_front, hook_step, layer_weights,
+                         random_weights, record_view)
+from sparse_memory import GiB, sparse_bytes
 
 from mono_jit.errors import CaptureError
 from mono_jit.runtime import runner as runner_module
@@ -49,6 +51,24 @@ def test_the_front_through_the_reference_matches_k1_on_vllms_tensors(k1_weights,
     assert torch.equal(view.as_strided(cache.shape, (1,)), cache), "KV records not where vLLM's pages hold them"
     (normed, qr), = step.selected
     assert torch.equal(normed, want.x_norm) and torch.equal(qr, want.qr)
+
+
+def test_the_front_serves_an_swa_cache_past_4_gib(k1_weights, weights, tmp_path):
+    """vLLM's view of a > 4 GiB SWA cache (a sparse file), the step's slots in pages past 4 GiB:
+    forward packs it (an i32 extent raised KernargError inside forward) and the records land
+    where the reference places them."""
+    step = hook_step(weights, 3, False)
+    want, small = expected_front(k1_weights, step)
+    first = 4 * GiB // PAGE_BYTES + 10
+    big = sparse_bytes(tmp_path / "swa", (first + PAGES) * PAGE_BYTES)
+    at = first * PAGE_BYTES
+    big[at:] = step.args[7].as_strided(small.shape, (1,))
+    args = list(step.args)
+    args[6] = torch.where(args[6] >= 0, args[6] + first * PAGE_BLOCK, args[6])
+    args[7] = record_view(big.view(-1, PAGE_BYTES), PAGE_BLOCK)
+    assert at > 4 * GiB
+    assert front_runner().forward(*args, **step.kwargs)[:4] is None
+    assert torch.equal(big[at:], small), "KV records not where vLLM's pages hold them"
 
 
 def test_a_rank_without_its_peers_declines_on_every_step_without_running_anything(weights):

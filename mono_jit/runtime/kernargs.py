@@ -10,8 +10,11 @@ kernels written for another host take them) one 8-byte one. The code object's ow
 ``kernels[i].args``: offset, size, value kind) places each one; the runtime fills any
 ``hidden_*`` argument itself, so the buffer holds the explicit ones only.
 
+A tensor declared ``unbounded`` (the KV caches: the kernels reach them only through 64-bit
+global addresses) may be of any size; its extent slot holds 0, which no load reads.
+
 Everything is checked before a byte is written: argument names, tensor dtypes, contiguity,
-extents that fit an i32, scalar ranges, and that the code object's table has exactly the
+extents that fit an i32 (unbounded tensors aside), scalar ranges, and that the code object's table has exactly the
 arguments the template declares. A mismatch is a :class:`KernargError` naming the argument.
 """
 
@@ -78,8 +81,8 @@ def layout(meta: Mapping[str, Any], kernel: int = 0) -> tuple[list[Slot], int]:
     return slots, size
 
 
-def _tensor_fields(name: str, dtype: str, value: Any) -> tuple[int, int]:
-    """(pointer, extent) of a tensor argument, after its checks."""
+def _tensor_fields(name: str, dtype: str, value: Any, unbounded: bool) -> tuple[int, int]:
+    """(pointer, extent) of a tensor argument, after its checks (extent 0 for an unbounded one)."""
     if not hasattr(value, "data_ptr"):
         raise KernargError(f"argument {name!r}: expected a {dtype} tensor, got {type(value).__name__}")
     got = str(value.dtype).removeprefix("torch.")
@@ -88,6 +91,8 @@ def _tensor_fields(name: str, dtype: str, value: Any) -> tuple[int, int]:
     if not value.is_contiguous():
         raise KernargError(f"argument {name!r}: not contiguous (strides {tuple(value.stride())}); the kernels "
                            "index flat buffers")
+    if unbounded:
+        return value.data_ptr(), 0
     extent = value.numel()
     if extent > I32_MAX:
         raise KernargError(f"argument {name!r}: {extent} elements do not fit the i32 extent")
@@ -106,7 +111,7 @@ def pack(meta: Mapping[str, Any], values: Mapping[str, Any], kernel: int = 0) ->
     for name, argument in declared.items():
         value = values[name]
         if argument["kind"] == "tensor":
-            fields[name] = _tensor_fields(name, argument["dtype"], value)
+            fields[name] = _tensor_fields(name, argument["dtype"], value, argument.get("unbounded", False))
         else:
             low, high = SCALAR_RANGES[argument["kind"]]
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:

@@ -135,10 +135,11 @@ class K1Run:
     def launch(self, step: Step) -> None:
         self.launcher(*self.arguments(step))
 
-    def check(self, step: Step, cache_before: torch.Tensor) -> dict[str, tuple[float, float]]:
+    def check(self, step: Step, cache_before: torch.Tensor, cache_at: int = 0) -> dict[str, tuple[float, float]]:
         """Every output against reference.k1, rows past m untouched, the cache written only at
         the records of rows with a slot (pad bytes kept); raises Mismatch, else returns each
-        output's mean error and its bound."""
+        output's mean error and its bound. `cache_before` holds the cache's bytes from byte
+        `cache_at` on (a window of a cache too large to copy whole), the slots' records inside it."""
         m = step.m
         want = ref.k1(step.x, step.residual, step.post_mix, step.res_mix, bool(step.do_fold), self.w, step.positions)
         got = {name: out.cpu() for name, out in self.outputs.items()}
@@ -172,25 +173,26 @@ class K1Run:
         for name, out in got.items():
             if not (out[m * out.numel() // self.bucket:].eq(SENTINEL).all()):
                 raise Mismatch(f"{name}: rows past m were written")
-        self.check_cache(step, want, cache_before)
+        self.check_cache(step, want, cache_before, cache_at)
         return measured
 
-    def check_cache(self, step: Step, want: ref.K1Outputs, cache_before: torch.Tensor) -> None:
-        """Records at the rows' slots hold the reference KV; no other byte changed."""
+    def check_cache(self, step: Step, want: ref.K1Outputs, cache_before: torch.Tensor, cache_at: int = 0) -> None:
+        """Records at the rows' slots hold the reference KV; no other byte of the window
+        `cache_before` holds (from byte `cache_at`) changed."""
         close = torch.testing.assert_close
-        cache = self.cache.cpu()
+        cache = self.cache[cache_at: cache_at + cache_before.numel()].cpu()
         touched = torch.zeros_like(cache, dtype=torch.bool)
         for row, slot in enumerate(step.slots.tolist()):
             if slot < 0:
                 continue
-            record = ref.kv_read(cache, slot, PAGE_STRIDE, BLOCK)
+            record = ref.kv_read(self.cache, slot, PAGE_STRIDE, BLOCK).cpu()
             close(ref.kv_dequantize(record.unsqueeze(0))[0], want.kv[row], rtol=0.07, atol=0.05)  # e4m3 step
             if not ((record[576:583] == want.records[row, 576:583]).sum() >= 6):
                 raise Mismatch("UE8M0 codes differ")
             if not (record[583] == 0):
                 raise Mismatch("pad byte not 0 (vLLM's insert writes 0)")
             page, r = divmod(slot, BLOCK)
-            base = page * PAGE_STRIDE
+            base = page * PAGE_STRIDE - cache_at
             touched[base + r * 576: base + (r + 1) * 576] = True
             touched[base + BLOCK * 576 + r * 8: base + BLOCK * 576 + r * 8 + 8] = True
         if not (torch.equal(cache[~touched], cache_before[~touched])):

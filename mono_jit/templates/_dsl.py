@@ -179,6 +179,12 @@ def table_pointer(table, index, like):
     return fx.inttoptr(fx.get_iter(like).type, table_entry(table, index))
 
 
+def word_pointer(pointer):
+    """A global byte pointer as a pointer to 4-byte-aligned i32 words (the address must be a
+    multiple of 4), so a load of 4 words from it is one global_load_dwordx4."""
+    return fx.recast_iter(fx.Pointer[fx.Int32, fx.AddressSpace.Global].ir_type, pointer)
+
+
 def pointer_load(pointer, index, count: int = 1):
     """`count` elements at `pointer` + index through a plain global load (load_global's form
     for a pointer that is not a tensor argument)."""

@@ -47,19 +47,24 @@ class LaunchShape:
 @dataclass(frozen=True)
 class Argument:
     """One launcher argument, in order: a 1-D tensor (pointer + i32 length), an i32 scalar, or an
-    i64 scalar (a raw device address or byte count, as kernels written for another host pass)."""
+    i64 scalar (a raw device address or byte count, as kernels written for another host pass).
+
+    `unbounded`: a tensor the kernel reaches only through 64-bit global addresses from its
+    pointer, never through a buffer resource bounded by the i32 length (a KV cache may pass
+    2 GiB): a tensor of any size packs, and its length slot holds 0."""
 
     name: str
     kind: str  # "tensor", "i32" or "i64"
     dtype: str  # torch dtype name for tensors, "int32" / "int64" for scalars
     doc: str
+    unbounded: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def tensor(cls, name: str, dtype: str, doc: str) -> "Argument":
-        return cls(name, "tensor", dtype, doc)
+    def tensor(cls, name: str, dtype: str, doc: str, unbounded: bool = False) -> "Argument":
+        return cls(name, "tensor", dtype, doc, unbounded)
 
     @classmethod
     def i32(cls, name: str, doc: str) -> "Argument":

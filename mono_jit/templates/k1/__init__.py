@@ -19,7 +19,8 @@ fp8 tensors passed as their bytes, e.g. `weight.view(torch.uint8)`):
        positions    [M] int64;  slot_mapping [M] int64 (-1: no insert)
        kv_cache     the SWA cache's bytes: pages of `block_size` 584-byte fp8_ds_mla records,
                     data rows first, then the scale bytes; `page_stride` bytes per page; a record's
-                    7 codes and its pad byte (written 0, as vLLM's insert does)
+                    7 codes and its pad byte (written 0, as vLLM's insert does); written through
+                    64-bit addresses (page x page_stride in i64), so the cache may pass 4 GiB
   out  r_out        [M, 4, 7168] bf16     R after the fold (may alias residual)
        post_out     [M, 4] f32;  comb_out [M, 4, 4] f32   the attention seam's mixes for K2
        x_norm       [M, 7168] bf16        the normed seam input (vLLM's compressor / indexer)
@@ -82,7 +83,8 @@ class K1Template(Template):
             t("rope", "float32", "[P, 64] cos | sin"),
             t("positions", "int64", "[M]"),
             t("slot_mapping", "int64", "[M] SWA slots, -1 = none"),
-            t("kv_cache", "uint8", "SWA cache bytes (fp8_ds_mla pages)"),
+            t("kv_cache", "uint8", "SWA cache bytes (fp8_ds_mla pages), written through 64-bit addresses",
+              unbounded=True),
             t("r_out", "bfloat16", "[M, 4, 7168] out: R after the fold"),
             t("post_out", "float32", "[M, 4] out: attention seam post"),
             t("comb_out", "float32", "[M, 4, 4] out: attention seam comb"),

@@ -29,7 +29,8 @@ Contract (M = rows this step, 1 <= M <= spec.max_tokens; flat buffers, row-major
        topk         [M, W] int32: CSA indexer top-k (local indices) or HCA global slots
        token_req    [M] int32 (CSA);  block_table [R, bt_stride] int32 compressed pages (CSA)
        swa_cache, comp_cache   the caches' bytes: pages of `*_block` 584-byte records,
-                    `*_page_stride` bytes a page (K1's record layout)
+                    `*_page_stride` bytes a page (K1's record layout); read through 64-bit
+                    addresses (page x stride in i64), so a cache may pass 4 GiB
        weights      [28] int64, the layer's table (layout.WEIGHT_TABLE), filled once a layer:
                     addresses of wo_a [groups x 1024, woa_stride] e4m3 (row-major with vLLM's
                     padded rows, or AITER-preshuffled with stride 4096), its E8M0 codes
@@ -118,8 +119,10 @@ class K2Template(Template):
             t("topk", "int32", f"[M, {lay.topk_width}] CSA local indices / HCA global slots"),
             t("token_req", "int32", "[M] request of each token (CSA)"),
             t("block_table", "int32", "[R, bt_stride] compressed block table (CSA)"),
-            t("swa_cache", "uint8", "SWA cache bytes (fp8_ds_mla pages)"),
-            t("comp_cache", "uint8", "compressed cache bytes (fp8_ds_mla pages)"),
+            t("swa_cache", "uint8", "SWA cache bytes (fp8_ds_mla pages), read through 64-bit addresses",
+              unbounded=True),
+            t("comp_cache", "uint8", "compressed cache bytes (fp8_ds_mla pages), read through 64-bit addresses",
+              unbounded=True),
             t("weights", "int64", f"[{len(WEIGHT_TABLE)}] the layer's table: {', '.join(WEIGHT_TABLE)}"),
             t("state", "int64", f"[{len(STATE_TABLE)}] the runner's buffers: {', '.join(STATE_TABLE)}"),
             t("sync", "int32", f"[{lay.sync_words}] epoch, counters, flags"),

@@ -52,8 +52,9 @@ from flydsl.expr import const_expr, gpu, range_constexpr
 
 from ... import model
 from ...spec import Spec
-from .._dsl import (WAVE, butterfly, dsl, flat_view, fresh, fresh_pointer, fresh_scalar, load, load_code, load_global,
-                    load_scalar, pointer_load, store, store_scalar, table_entry, table_pointer, typed_view)
+from .._dsl import (WAVE, butterfly, dsl, flat_view, fresh, fresh_pointer, fresh_scalar, load, load_global,
+                    load_scalar, pointer_code, pointer_load, store, store_scalar, table_entry, table_pointer,
+                    typed_view, word_pointer)
 from .._gemv import Fp8Weight, Mxfp8Rows, gemv_reduce, gemv_steps
 from .._numerics import LOG2E, VEC, bf16_round, e8m0_scale, fp8x4_to_f32, load8_f32, mx_store, rope8
 from .._seam import fold_row, mix_weights, seam_row
@@ -101,16 +102,20 @@ def _bf16_pair_f32(word):
     return lo, hi
 
 
-def _key_slice(data16, data8, slot, page_stride, block, s):
+def _key_slice(cache, slot, page_stride, block, s):
     """Lane slice `s` (16 dims) of the record at `slot` as 16 f32: e4m3 x 2^(code - 127) for
     s < 28 (one UE8M0 code per 64 dims), the bf16 RoPE dims for s >= 28 (k1 reference's
-    kv_dequantize). Every byte read through the cache's buffer resource (0 past its end)."""
+    kv_dequantize). Every byte read through a 64-bit global address from the cache's base
+    pointer `cache`, the page offset in i64 (`page_stride` is an i64): a cache may pass the
+    2^31 bytes a buffer resource's offsets reach (vLLM 0.33's in-tree mono reads its records
+    through 64-bit addresses for the same reason: attention/back.py key_rec, attention/device.py
+    gload)."""
     data, scales = ad.kv_offsets(slot, block, page_stride)
     rope_lane = s >= NOPE_SLICES
-    at = k2a.record_piece(data, s)
-    first = load(data16, at // 16, fx.Uint8, 16).bitcast(fx.Int32)
-    second = load(data16, at // 16 + 1, fx.Uint8, 16).bitcast(fx.Int32)
-    code = load_code(data8, k2a.record_code(scales, s))
+    words = word_pointer(cache + k2a.record_piece(data, s))
+    first = pointer_load(words, 0, 4)
+    second = pointer_load(words, 4, 4)
+    code = pointer_code(cache, k2a.record_code(scales, s))
     scale = e8m0_scale(code)
     nope = []
     for w in range_constexpr(4):
@@ -129,16 +134,16 @@ def _finite(value):
 
 
 @dsl
-def _attend_keys(data16, data8, keys_i32, table_at, page_stride, block, begin, end, q, m_run, l_run, acc, s):
-    """Keys begin .. end - 1 of a row's table (slots at keys_i32[table_at + j]) from one cache,
-    into the running base-2 (max, sum, acc) of this lane's head."""
+def _attend_keys(cache, keys_i32, table_at, page_stride, block, begin, end, q, m_run, l_run, acc, s):
+    """Keys begin .. end - 1 of a row's table (slots at keys_i32[table_at + j]) from one cache
+    (its base pointer), into the running base-2 (max, sum, acc) of this lane's head."""
     for j0 in range(begin, end, KEY_STEP):
         scores, values = [], []
         for u in range_constexpr(KEY_STEP):
             j = j0 + u
             live = j < end
             slot = load_scalar(keys_i32, table_at + fx.min(j, end - 1), fx.Int32)
-            k = _key_slice(data16, data8, slot, page_stride, block, s)
+            k = _key_slice(cache, slot, page_stride, block, s)
             dot = q[0] * k[0]
             for i in range_constexpr(1, SLICE):
                 dot = dot + q[i] * k[i]
@@ -179,10 +184,10 @@ def _attention_task(lay, task, q_view, SwaCache, CompCache, i32, f32x4, f32, swa
     table_at = lay.key_slots + row * lay.keys
     m_run, l_run = fx.Float32(float("-inf")), fx.Float32(0.0)
     acc = fx.Vector.filled(SLICE, 0.0, fx.Float32)
-    m_run, l_run, acc = _attend_keys(flat_view(SwaCache, 16), flat_view(SwaCache), i32, table_at, swa_page_stride,
-                                     swa_block, begin, fx.min(end, swa), q, m_run, l_run, acc, s)
-    m_run, l_run, acc = _attend_keys(flat_view(CompCache, 16), flat_view(CompCache), i32, table_at,
-                                     comp_page_stride, comp_block, fx.max(begin, swa), end, q, m_run, l_run, acc, s)
+    m_run, l_run, acc = _attend_keys(fx.get_iter(SwaCache), i32, table_at, swa_page_stride.to(fx.Int64), swa_block,
+                                     begin, fx.min(end, swa), q, m_run, l_run, acc, s)
+    m_run, l_run, acc = _attend_keys(fx.get_iter(CompCache), i32, table_at, comp_page_stride.to(fx.Int64),
+                                     comp_block, fx.max(begin, swa), end, q, m_run, l_run, acc, s)
     ml_at, acc_at = lay.attn_ml_at(task, 0, h), lay.attn_acc_at(task, h, s * SLICE)
     if tile * HEAD_TILE + h < lay.heads:
         if s == 0:
