@@ -173,6 +173,8 @@ def find_linker(settings: Settings, memo: ProbeMemo | None = None) -> Linker:
     rejected = []
     for path in _lld_candidates(settings):
         if not path.is_file():
+            if path == settings.ld_lld:  # the one the user named: say where it was looked for
+                rejected.append(f"MONO_JIT_LD_LLD={path} {'is not a file' if path.exists() else 'does not exist'}")
             continue
         try:
             version = memo.get("ld.lld --version", [path], lambda: lld_version(path))

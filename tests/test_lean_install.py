@@ -67,6 +67,7 @@ def test_a_lean_host_miss_says_it_cannot_compile_in_one_line(lean_python, warm_c
     out = run(lean_python, code, warm_cache)
     assert out.returncode == 0 and "cannot be compiled here" in out.stdout and "mono-jit[build]" in out.stdout, \
         out.stdout + out.stderr[-2000:]
+    assert "--max-tokens 2 --arch gfx950 on a build machine" in out.stdout and "mono-jit import here" in out.stdout
 
 
 def test_doctor_on_a_lean_host_says_it_serves_hits_only(lean_python, warm_cache):
