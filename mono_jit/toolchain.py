@@ -237,7 +237,7 @@ def flydsl_dist_info() -> Path:
     (importlib.metadata's scan of every distribution costs more than the whole cache load)."""
     spec = importlib.util.find_spec(FLYDSL_DIST)
     if spec is None or not spec.submodule_search_locations:
-        raise ToolchainError("FlyDSL is not installed (pip install 'mono-jit[build]' for FlyDSL 0.5.0)")
+        raise ToolchainError("FlyDSL is not installed (mono-jit's build extra brings FlyDSL 0.5.0)")
     site = Path(next(iter(spec.submodule_search_locations))).parent
     found = sorted(site.glob(f"{FLYDSL_DIST}-*.dist-info"))
     if len(found) != 1:
