@@ -112,29 +112,17 @@ def test_an_image_layer_on_a_read_only_file_system_fails_before_compiling(tmp_pa
 
 # -- Ctrl-C ------------------------------------------------------------------------------------
 
-def test_ctrl_c_during_a_prebuild_says_what_was_kept_and_exits_130(warm_cache, tmp_path, monkeypatch):
+def test_ctrl_c_during_a_prebuild_says_what_was_kept_and_exits_130(golden_pool, tmp_path, monkeypatch):
     """The first compile is published, then the user presses Ctrl-C: exit 130, no 'Aborted!',
     the finished entry stays and nothing half-written is left in the cache."""
-    source = Store(settings_at(warm_cache))
+    import mono_jit.prebuild
 
-    class InterruptedPool:
-        def __init__(self, *args):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            pass
-
+    class InterruptedPool(mono_jit.prebuild.WorkerPool):  # the golden pool, interrupted at its second job
         def run(self, items):
-            for done, item in enumerate(i for i in items if i is not None):
+            for done, outcome in enumerate(super().run(items)):
                 if done == 1:
                     raise KeyboardInterrupt
-                from mono_jit.workers import Outcome
-
-                entry = source.lookup(item[0], "gfx950")
-                yield Outcome(item[0], "ok", {"hsaco": entry.hsaco, "launches": entry.meta["launches"], "seconds": 0.0})
+                yield outcome
 
     monkeypatch.setattr("mono_jit.prebuild.WorkerPool", InterruptedPool)
     cache = tmp_path / "fresh"
