@@ -75,8 +75,12 @@ def export_bundle(out: Path, entries: list[Entry]) -> Exported:
     payload[MANIFEST] = json.dumps(manifest, indent=2, sort_keys=True).encode()
     tmp = out.with_name(out.name + ".partial")
     # Sorted by name, an entry's two files stay adjacent, as import requires.
-    digest = write_file(tmp, payload, compress=out.name.endswith((".gz", ".tgz")), first=MANIFEST)
-    tmp.replace(out)
+    try:
+        digest = write_file(tmp, payload, compress=out.name.endswith((".gz", ".tgz")), first=MANIFEST)
+        tmp.replace(out)
+    except BaseException:  # a failed or interrupted export leaves no partial bundle behind
+        tmp.unlink(missing_ok=True)
+        raise
     return Exported(manifest, digest)
 
 

@@ -15,11 +15,28 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from mono_jit.errors import MonoJitError
+
 from .fs import make_dirs, read_regular, write_new
 from .store import DIGEST_CAP, DIGEST_NAME, HSACO_NAME, META_CAP, META_NAME, TOOLCHAINS_DIR, Entry, \
     toolchain_record, unique_suffix
 
 LAYER_DIR_MODE, LAYER_FILE_MODE = 0o755, 0o444
+
+
+def check_layer_writable(dest: Path) -> None:
+    """MonoJitError naming the path unless an image layer can be written at `dest`: a folder is
+    made and removed in its nearest existing folder, so a prebuild finds out before compiling."""
+    existing = dest.absolute()
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    probe = existing / f".mono-jit-probe-{unique_suffix(8)}"
+    try:
+        os.mkdir(probe, 0o700)
+        os.rmdir(probe)
+    except OSError as exc:
+        raise MonoJitError(f"cannot write the image layer {dest}: {existing}: {exc.strerror or exc}; give "
+                           "--image-layer a folder this user can write") from None
 
 
 def publish_image_layer(entries: list[Entry], dest: Path) -> int:

@@ -70,6 +70,13 @@ def info(name: str, message: str, *args: object) -> None:
         logging.getLogger(name).info(message, *args)
 
 
+def _info_once(message: str) -> None:
+    """An INFO record (`mono-jit -v`) the first time this process sees `message`."""
+    if message not in _REPORTED:
+        _REPORTED.add(message)
+        info(__name__, "%s", message)
+
+
 def _warn_once(message: str) -> None:
     """Log `message` the first time this process sees it (a refused layer is named once)."""
     if message not in _REPORTED:
@@ -249,7 +256,9 @@ class Store:
             try:
                 make_private_root(writable)
             except OSError as exc:  # an unwritable HOME: hits from the read-only layers still serve
-                _warn_once(f"cannot create the writable cache root {writable} ({exc.strerror or exc}): serving "
+                # Information, not a warning: a serving user of a read-only image layer needs no
+                # writable root, and a write that needs one fails with its own one-line error.
+                _info_once(f"cannot create the writable cache root {writable} ({exc.strerror or exc}): serving "
                            "from the read-only layers only; a miss cannot be compiled into it")
                 read_only = True
         if writable.is_dir():

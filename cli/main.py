@@ -25,7 +25,7 @@ def main(ctx: click.Context, verbose: int, quiet: bool) -> None:
     (FlyDSL -> HSACO for AMD MI355X / gfx950; no GPU needed to build).
 
     Exit codes: 0 done; 1 the operation or a check failed (one line on stderr); 2 a usage
-    error (a bad option or value, an unknown template)."""
+    error (a bad option or value, an unknown template); 130 interrupted (Ctrl-C)."""
     set_verbosity(ctx, verbose, quiet)
 
 

@@ -116,6 +116,8 @@ def template_option(required: bool = False, single: bool = False) -> Callable[[C
     def parse(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[str, ...] | None:
         names = comma_words(value, "--template")
         if names is None:
+            if required:  # click 8.2+ accepts a missing option whose default is None as given
+                raise click.MissingParameter(ctx=ctx, param=param)
             return None
         _known_templates(names)
         if single and len(names) != 1:
@@ -189,7 +191,7 @@ def fail(message: str, code: int = 1) -> None:
 
 def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turn MonoJitError and OSError into a one-line error and exit 1 (bad arguments exit 2
-    through click)."""
+    through click), and Ctrl-C into a line saying what was kept and exit 130."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -197,6 +199,10 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         except MonoJitError as exc:
             fail((str(exc).splitlines() or [type(exc).__name__])[0])  # a compile error's FlyDSL tail stays out
+        except KeyboardInterrupt:  # Ctrl-C: say what stays, exit as a shell does for SIGINT
+            click.echo("\nmono-jit: interrupted: what finished is kept (each entry, bundle or layer entry is published "
+                       "whole, by one rename), nothing half-written; run the command again to go on", err=True)
+            sys.exit(130)
         except BrokenPipeError:  # the reader went away (`| head`): nothing more to say
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(1)

@@ -128,12 +128,17 @@ def explain(templates, tp, ratio, max_model_len, topk_width, max_tokens, arch, c
     else:
         click.echo(f"miss ({report.miss_kind}): {report.label}: {report.reason}")
         if report.nearest is None:
-            click.echo(f"no {template} entry at all; run mono-jit prebuild --template {template}")
+            from mono_jit.health import cannot_compile_here
+            from mono_jit.resolve import build_elsewhere, prebuild_command
+
+            fill = prebuild_command(template, spec)
+            click.echo(f"no {template} entry at all; "
+                       + (f"run {fill}" if cannot_compile_here() is None else build_elsewhere(fill)))
         else:
             click.echo(f"nearest entry {report.nearest[:16]} differs in:")
             for row in report.differences:
                 click.echo(f"  {row['factor']}: wanted {plain(row['wanted'])}, stored {plain(row['stored'])}")
-    if report.toolchain != "this host's":
+    if report.toolchain != "this host's" and report.status != "hit":  # a hit needs no toolchain here
         note(f"keys computed with the toolchains {report.toolchain}")
 
 

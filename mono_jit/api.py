@@ -94,6 +94,10 @@ def prebuild(templates: Iterable[str | Template] | None = None, *, tp: int = 8,
     settings, progress = _settings(settings), progress or Silent()
     specs = deployment_grid(tp, max_model_len, max_tokens, ratios, arch)
     chosen = _deployment_templates(templates, settings)
+    if image_layer is not None:  # before anything compiles: a compile of the whole grid is minutes
+        from mono_jit.cache.layer import check_layer_writable
+
+        check_layer_writable(image_layer)
     summary, planned = run(chosen, specs, settings, jobs=jobs or default_jobs(), timeout=timeout,
                            progress=lambda event, job, detail: progress.finished(event, job.label, detail),
                            on_plan=progress.planned)
@@ -171,7 +175,7 @@ def explain(template: str | Template, spec: Spec, *, settings: Settings | None =
         own, how = resolve_toolchain(settings).fingerprint, "this host's"
     except ToolchainError as exc:
         own = None
-        how = f"recorded in the layers ({len(store.recorded_toolchains(spec.arch))}): none usable here ({exc})"
+        how = f"recorded in the layers ({len(store.recorded_toolchains(spec.arch))}); this host has no toolchain of its own ({exc})"
     return run(store, template, spec, own, how)
 
 

@@ -15,7 +15,7 @@ from mono_jit.cache import Entry, Store
 from .config import Settings
 from .errors import MonoJitError
 
-LEAN_HOST = "no FlyDSL here: this host serves hits only; pip install 'mono-jit[build]' to compile"
+LEAN_HOST = "no FlyDSL here: this host serves hits only; install mono-jit's wheel with its build extra to compile"
 
 
 def cannot_compile_here() -> str | None:

@@ -183,6 +183,8 @@ class _Batch:
             elif self.held:
                 yield None
                 continue
+            elif not waiting:  # every remaining job failed to open its lock (recorded as it failed)
+                break
             else:
                 job = waiting.popleft()
                 waited = self._wait_for(job)

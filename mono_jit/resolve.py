@@ -73,11 +73,17 @@ def max_model_len_for(spec: Spec) -> int:
     return spec.topk_width * model.HCA_RATIO if spec.ratio == model.HCA_RATIO else model.MAX_MODEL_LEN
 
 
-def prebuild_command(job: BuildJob) -> str:
-    """The `mono-jit prebuild` command whose grid holds exactly this job's key."""
-    spec = job.spec
-    return (f"mono-jit prebuild --template {job.template.name} --tp {spec.tp} --ratio {spec.ratio} "
+def prebuild_command(template: str, spec: Spec) -> str:
+    """The `mono-jit prebuild` command whose grid holds exactly this template's build at `spec`."""
+    return (f"mono-jit prebuild --template {template} --tp {spec.tp} --ratio {spec.ratio} "
             f"--max-model-len {max_model_len_for(spec)} --max-tokens {spec.max_tokens} --arch {spec.arch}")
+
+
+def build_elsewhere(command: str) -> str:
+    """Where a host that cannot compile gets a missing entry from: `command` run on a build
+    machine, then the result shipped here."""
+    return (f"run {command} on a build machine (FlyDSL and ld.lld, no GPU needed), then ship the cache here: "
+            "mono-jit export there and mono-jit import here, or an image layer on MONO_JIT_CACHE_PATH")
 
 
 def compile_job(job: BuildJob, store: Store, env: dict[str, str], timeout: float) -> Entry:
@@ -218,8 +224,8 @@ class _Session:
         jobs = [self.plan(template, spec, fingerprint) for fingerprint in self.store.other_toolchains(spec.arch, None)]
         raise ToolchainError(
             f"{template.name} [{spec.label()}] is in no cache layer under any recorded toolchain "
-            f"({classify(self.store, jobs)}), and it cannot be compiled here: {self.unavailable}"
-        )
+            f"({classify(self.store, jobs)}), and it cannot be compiled here: {self.unavailable}; "
+            + build_elsewhere(prebuild_command(template.name, spec)))
 
     def record_counts(self) -> None:
         """Add this session's hits, misses and compiles to the writable layer's counters, in
@@ -277,7 +283,7 @@ def _offline_miss(store: Store, tried: list[BuildJob]) -> OfflineMiss:
     return OfflineMiss(
         f"{job.label} [{job.spec.label()}] is not in the cache (key {job.key[:16]}): "
         f"{classify(store, tried)}; MONO_JIT_OFFLINE=1 forbids compiling it; "
-        f"fill it with: {prebuild_command(job)}  (mono-jit explain shows why it missed)"
+        f"fill it with: {prebuild_command(job.template.name, job.spec)}  (mono-jit explain shows why it missed)"
     )
 
 

@@ -173,6 +173,8 @@ def find_linker(settings: Settings, memo: ProbeMemo | None = None) -> Linker:
     rejected = []
     for path in _lld_candidates(settings):
         if not path.is_file():
+            if path == settings.ld_lld:  # the one the user named: say where it was looked for
+                rejected.append(f"MONO_JIT_LD_LLD={path} {'is not a file' if path.exists() else 'does not exist'}")
             continue
         try:
             version = memo.get("ld.lld --version", [path], lambda: lld_version(path))
@@ -235,7 +237,7 @@ def flydsl_dist_info() -> Path:
     (importlib.metadata's scan of every distribution costs more than the whole cache load)."""
     spec = importlib.util.find_spec(FLYDSL_DIST)
     if spec is None or not spec.submodule_search_locations:
-        raise ToolchainError("FlyDSL is not installed (pip install 'mono-jit[build]' for FlyDSL 0.5.0)")
+        raise ToolchainError("FlyDSL is not installed (mono-jit's build extra brings FlyDSL 0.5.0)")
     site = Path(next(iter(spec.submodule_search_locations))).parent
     found = sorted(site.glob(f"{FLYDSL_DIST}-*.dist-info"))
     if len(found) != 1:

@@ -35,9 +35,10 @@ fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check --upgrade pip
-# torch first, pinned to the CPU build these machines carry: a bare "torch" would pull a CUDA
-# build of several GB. pyproject keeps torch unpinned for ROCm deployments.
-.venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
+# torch first, its CPU build from PyTorch's CPU-only index (a bare "torch" from PyPI is a CUDA
+# build of several GB); where that index cannot be reached, pip's configured index (a one-line
+# notice says so). pyproject keeps torch unpinned for ROCm deployments.
+.venv/bin/python -c "import torch" 2>/dev/null || bash scripts/install-torch.sh .venv/bin/python 2.13.0
 .venv/bin/pip install -q --disable-pip-version-check -e ".[build,test,emulate]"
 
 VLLM=0.33.0

@@ -89,3 +89,6 @@ def test_selftest_without_a_gpu_says_why_in_one_check_and_exits_1(warm_cache):
     report = json.loads(out.stdout)
     assert not report["ok"] and [c["check"] for c in report["checks"]] == ["hip"]
     assert "libamdhip64" in report["checks"][0]["detail"] and "Traceback" not in out.output
+    assert "no GPU here (no HIP runtime): the device, the kernel loads and the launch checks were not run; " \
+           "mono-jit selftest --emulate runs the same launch checks" in out.stderr, out.stderr
+    assert "tests" not in out.stderr.replace("tests ", "")  # no source checkout's tests/ looked for

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from test_lean_install import lean_python, run  # noqa: F401 (the fixture)
+from test_lean_install import built_wheel, lean_python, run  # noqa: F401 (the fixtures)
 
 CLI = "import sys; from mono_jit.cli import main; sys.argv = ['mono-jit', *{}]; main()"
 
@@ -40,4 +40,4 @@ def test_verify_rebuild_on_a_lean_host_is_one_line(lean_python, warm_cache):
     out = mono_jit(lean_python, warm_cache, "verify", "--rebuild")
     assert out.returncode == 1 and out.stdout == "", out.stdout
     assert out.stderr == ("mono-jit: error: verify with rebuild recompiles every entry: no FlyDSL here: this host "
-                          "serves hits only; pip install 'mono-jit[build]' to compile\n"), out.stderr
+                          "serves hits only; install mono-jit's wheel with its build extra to compile\n"), out.stderr

@@ -60,3 +60,42 @@ def test_a_kernel_missing_from_an_offline_cache_fails_and_the_others_still_run(w
 def test_k2_is_refused_with_the_reason(warm_cache):
     code, _, text = _selftest(warm_cache, "--template", "k2")
     assert code == 1 and "K2 needs 8 emulated ranks" in text and "Traceback" not in text
+
+
+def test_selftest_on_a_gpu_runs_the_launch_checks_that_come_with_the_package(warm_cache, monkeypatch):
+    """The GPU path without a GPU: HIP, the device and the loads stubbed, and the device backend
+    replaced by the emulator's, so the launch checks (mono_jit.selfcheck) run as they would on an
+    MI355X; no source checkout's tests/ is looked for."""
+    from mono_jit.runtime.backends import EmulatorBackend
+
+    monkeypatch.setenv("MONO_JIT_OFFLINE", "1")
+    monkeypatch.setattr("mono_jit.cli.gpu_cmds._hip_runtime", lambda found: found.append(object()) or {})
+    monkeypatch.setattr("mono_jit.cli.gpu_cmds._device", lambda hip, index: {"arch": "gfx950", "compute_units": 256})
+    monkeypatch.setattr("mono_jit.cli.gpu_cmds._load_every_kernel", lambda hip, settings: {"loaded": 3})
+    devices = []
+    monkeypatch.setattr("mono_jit.selfcheck.device.DeviceBackend", lambda device: devices.append(device) or
+                        EmulatorBackend())
+    result = CliRunner().invoke(main, ["selftest", "--device", "3", "--template", "router,keytable", "--max-tokens",
+                                       "1", "--cache-dir", str(warm_cache), "--json"])
+    assert result.exit_code == 0, result.output
+    checks = json.loads(result.stdout)["checks"]
+    assert [c["check"] for c in checks] == ["hip", "device", "kernels", "launch checks"] and all(c["ok"] for c in checks)
+    assert checks[-1]["detail"] == "3 kernels match their references on the device" and devices == [3, 3, 3]
+
+
+def test_a_kernel_that_differs_on_the_device_fails_the_launch_checks_by_name(warm_cache, monkeypatch):
+    from mono_jit.runtime.backends import EmulatorBackend
+    from mono_jit.selfcheck import cases
+
+    monkeypatch.setenv("MONO_JIT_OFFLINE", "1")
+    monkeypatch.setattr("mono_jit.cli.gpu_cmds._hip_runtime", lambda found: found.append(object()) or {})
+    monkeypatch.setattr("mono_jit.cli.gpu_cmds._device", lambda hip, index: {})
+    monkeypatch.setattr("mono_jit.cli.gpu_cmds._load_every_kernel", lambda hip, settings: {})
+    monkeypatch.setattr("mono_jit.selfcheck.device.DeviceBackend", lambda device: EmulatorBackend())
+    real = cases.route
+    monkeypatch.setattr(cases, "route", lambda *a: (real(*a)[0], real(*a)[1] * torch.tensor(1.1)))
+    result = CliRunner().invoke(main, ["selftest", "--template", "router", "--max-tokens", "1", "--ratio", "4",
+                                       "--cache-dir", str(warm_cache)])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert "BAD launch checks: 1 of 1 kernels differ from their references on the device: router tp=8, ratio=4" \
+        in result.output

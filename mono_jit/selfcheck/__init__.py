@@ -1,19 +1,24 @@
-"""`mono-jit selftest --emulate`: every selected kernel of the cache run on an emulated gfx950
-with seeded inputs, against its torch reference, so that a build machine with no GPU checks an
-image's kernels before it ships. The same worlds and comparisons drive the test suite."""
+"""`mono-jit selftest`'s launch checks, shipped with the package: every selected kernel of the
+cache run with seeded inputs against its torch reference, on the GPU (`selftest`) or on an
+emulated gfx950 (`selftest --emulate`, so that a build machine with no GPU checks an image's
+kernels before it ships). The same worlds and comparisons drive the test suite."""
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..config import Settings
 from ..errors import MonoJitError
 from ..spec import Spec
 from ..templates import get
 
-EMULATED_TEMPLATES = ("router", "keytable", "k1")  # K2 needs 8 emulated ranks: not in selftest yet
+if TYPE_CHECKING:
+    from ..runtime.backends import Backend
+
+EMULATED_TEMPLATES = ("router", "keytable", "k1")  # K2 needs 8 ranks: not in selftest yet
 
 
 @dataclass
@@ -36,16 +41,18 @@ class KernelCheck:
 
 
 def check_kernels(templates: Iterable[str], specs: Iterable[Spec], settings: Settings, seed: int = 0,
-                  progress: Callable[[str], None] | None = None) -> list[KernelCheck]:
+                  progress: Callable[[str], None] | None = None,
+                  backend: Callable[[], Backend] | None = None) -> list[KernelCheck]:
     """Each distinct (template, spec) of the selection, resolved from the cache and launched on
-    the emulator against its reference; a failure is recorded, never raised."""
+    the emulator (or on a fresh `backend()` each: the GPU's) against its reference; a failure is
+    recorded, never raised."""
     from .cases import CASES
     from .emulated import emulated_launcher
 
     names, specs = list(templates), list(specs)
     unknown = [n for n in names if n not in EMULATED_TEMPLATES]
     if unknown:
-        raise MonoJitError(f"--emulate runs {', '.join(EMULATED_TEMPLATES)}; not {', '.join(unknown)} (K2 needs "
+        raise MonoJitError(f"selftest launches {', '.join(EMULATED_TEMPLATES)}; not {', '.join(unknown)} (K2 needs "
                            "8 emulated ranks, which selftest does not run yet)")
     results = []
     for name in names:
@@ -57,7 +64,8 @@ def check_kernels(templates: Iterable[str], specs: Iterable[Spec], settings: Set
             seen.add(key)
             if progress:
                 progress(f"{name} {spec.label()}")
-            results.append(_one(name, spec, settings, seed, CASES[name], emulated_launcher))
+            launcher = functools.partial(emulated_launcher, backend=backend() if backend else None)
+            results.append(_one(name, spec, settings, seed, CASES[name], launcher))
     return results
 
 

@@ -10,15 +10,16 @@ import torch
 
 from ..config import Settings
 from ..resolve import resolve
-from ..runtime.backends import EmulatorBackend
+from ..runtime.backends import Backend, EmulatorBackend
 from ..spec import Spec
 from ..templates import get
 
 
 def emulated_launcher(template: str, spec: Spec, settings: Settings,
-                      backend: EmulatorBackend | None = None) -> Callable[..., Any]:
+                      backend: Backend | None = None) -> Callable[..., Any]:
     """A launcher taking the template's arguments in declaration order (like FlyDSL's) that runs
-    the cached code object on an emulated device; `.backend.last_report` holds the counters."""
+    the cached code object on an emulated device (or on `backend`: the selftest's GPU one);
+    `.backend.last_report` holds the emulator's counters."""
     tpl = get(template)
     resolved = resolve(tpl, spec, settings=settings)
     backend = backend or EmulatorBackend()
