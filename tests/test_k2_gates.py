@@ -13,6 +13,7 @@ import re
 import pytest
 from byte_loads import assert_codes_load_unsigned
 from cache_settings import cached_builds
+from isa_loops import waterfall_loops
 
 from mono_jit.config import Settings
 from mono_jit.hsaco import read_metadata
@@ -88,6 +89,16 @@ def test_k2_isa_has_the_instructions_the_design_relies_on(k2_builds, build):
     assert not [m for m in counts if m.startswith("scratch_")]
     assert not re.search(r"s_mov_b32 s\d+, -1\s", listing)  # every buffer resource has a real size
     assert_codes_load_unsigned(counts)
+
+
+@pytest.mark.parametrize("build", BUILDS, ids=_id)
+def test_k2_buffer_resources_are_uniform(k2_builds, build):
+    """Every buffer resource is built on wave-uniform values (the address tables' entries read as
+    such): no waterfall loop, so no weight or scale load of a GEMV runs once per distinct lane
+    value behind a v_readfirstlane_b32 / s_and_saveexec_b64 / s_cbranch_execnz loop."""
+    _, _, listing = k2_builds[build]
+    loops = waterfall_loops(listing)
+    assert not loops, f"{len(loops)} waterfall loops, the first: {loops[0]}"
 
 
 def test_k2_key_reads_tp_ratio_width_and_max_tokens():
