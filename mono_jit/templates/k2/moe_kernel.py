@@ -71,9 +71,10 @@ def row_pick(ids, row, expert):
 
 
 @dsl
-def union_task(i32, lds_moe, ids_at, union_at, size_at, pick_at, rows: int, m, tid):
-    """The step's union of chosen experts (slot order = expert order), its size, and pick_of
-    (for the union's slots: the routed stages read no other).
+def union_task(i32, lds_moe, ids_at, union_at, size_at, pick_at, slot_of_at, rows: int, m, tid):
+    """The step's union of chosen experts (slot order = expert order), its size, each expert's
+    slot (-1 if not chosen: S16 waits on its expert's slot's S15 tasks) and pick_of (for the
+    union's slots: the routed stages read no other).
     Slots come from a count over the 384 flags in LDS (no lane prefix and wave totals: this
     stage runs where the kernel's SGPRs peak)."""
     chosen = fx.Int32(0)
@@ -89,6 +90,8 @@ def union_task(i32, lds_moe, ids_at, union_at, size_at, pick_at, rows: int, m, t
         slot = slot + (e < tid).select(flag, 0)
         size = size + flag
     gpu.barrier()
+    if tid < E:
+        store_scalar(i32, slot_of_at + tid, (chosen != 0).select(slot, -1), fx.Int32)
     if (tid < E) & (chosen != 0):
         fx.memref_store(tid, lds_moe, slot)
     gpu.barrier()
