@@ -733,8 +733,8 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
                         expert = load_scalar(i32, lay.ids + pick, fx.Int32)
                         chosen = (expert >= 0) & (expert < mk.E)  # a hash id outside 0..383 chooses nothing
                         slot = load_scalar(i32, lay.slot_of + chosen.select(expert, 0), fx.Int32)
-                        _, first, count = lay.s16_awaits(fx.max(slot, 0))
-                        wait(Sync, first, (chosen & (slot >= 0)).select(count, 0), tag, tid)
+                        _, s15_first, s15_count = lay.s16_awaits(fx.max(slot, 0))
+                        wait(Sync, s15_first, (chosen & (slot >= 0)).select(s15_count, 0), tag, tid)
                     if wave == 0:
                         first = lay.gu + pick * 2 * inter
                         mk.act_row(f32x4, u8x8, u8, first, first + inter, 1, 0, False, inter,
@@ -767,8 +767,8 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
             for task in range(cta, lay.s14_tasks, CTAS):
                 if const_expr(17 in stages):
                     wait(Sync, lay.f_sdown + task, 1, tag, tid)
-                    _, first, count, stride = lay.s18_awaits(task)
-                    wait(Sync, first, count, tag, tid, stride)
+                    _, s17_first, s17_count, s17_stride = lay.s18_awaits(task)
+                    wait(Sync, s17_first, s17_count, tag, tid, s17_stride)
                 _moe_push(lay, task, f32, i32, lds_peers, Mailbox, half_at + moe_words, rank, tag, m, tid)
 
         # ---- S19: the MoE all-reduce into out --------------------------------------------------------
