@@ -226,7 +226,7 @@ def test_part_twos_scratch_regions_are_disjoint_and_inside_the_work_buffer(ratio
                       (lay.sgu_raw, 4 * rows * 2 * inter), (lay.shared_raw, rows * h), (lay.gu, lay.picks * 2 * inter),
                       (lay.routed_y, lay.picks * h)], 0, lay.f32_words)
     _disjoint_within([(0, one.i32_words), (lay.ids, rows * TOPK), (lay.union, 384), (lay.union_size, 1),
-                      (lay.pick_of, lay.union_max * rows)], 0, lay.i32_words)
+                      (lay.pick_of, lay.union_max * rows), (lay.slot_of, 384)], 0, lay.i32_words)
     _disjoint_within([(0, one.bytes), (lay.sh_codes, lay.operand_rows * inter),
                       (lay.sh_scales, lay.operand_rows * inter // 32), (lay.rh_codes, lay.pick_rows * inter),
                       (lay.rh_scales, lay.pick_rows * inter // 32)], 0, lay.bytes)
