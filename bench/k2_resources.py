@@ -1,7 +1,7 @@
-"""K2 part one's register and memory budget per bucket and ratio at TP8, each build compiled into
-an empty cache through the service: VGPRs, AGPRs, LDS, spilled registers, scratch, code size and
-compile time (one job at a time, so the times are per build). The last line prints upstream's
-K2 as issue 10 states it, beside ours.
+"""K2's register and memory budget per bucket and ratio at TP8, each build compiled into an
+empty cache through the service: instructions in its listing, VGPRs, AGPRs, SGPRs, LDS, spilled
+registers, scratch, code size and compile time (one job at a time, so the times are per build).
+The last line prints upstream's K2 as issue 10 states it, beside ours.
 
     .venv/bin/python bench/k2_resources.py [--max-tokens 1,2,4,8,16,32,64] [--jobs 1]
 """
@@ -16,6 +16,7 @@ from pathlib import Path
 from mono_jit.cache.store import Store
 from mono_jit.config import Settings
 from mono_jit.hsaco import read_metadata
+from mono_jit.isa import disassemble, find_objdump, instruction_counts
 from mono_jit.prebuild import prebuild
 from mono_jit.spec import Spec
 from mono_jit.templates import get
@@ -38,17 +39,20 @@ def main() -> None:
         if summary.failed:
             raise SystemExit(f"{len(summary.failed)} builds failed: {summary.failed}")
         rows = []
+        objdump = find_objdump(settings)
         for entry in Store(settings).entries():
             (kernel,) = read_metadata(entry.hsaco)[1]
             spec = entry.meta["spec"]
-            rows.append((spec["ratio"], spec["max_tokens"], kernel.vgpr, kernel.agpr, kernel.lds,
+            instructions = sum(instruction_counts(disassemble(entry.hsaco, objdump)).values())
+            rows.append((spec["ratio"], spec["max_tokens"], instructions, kernel.vgpr, kernel.agpr, kernel.sgpr,
+                         kernel.lds,
                          kernel.vgpr_spills + kernel.sgpr_spills, kernel.scratch, len(entry.hsaco),
                          entry.meta["compile_seconds"]))
-    print(f"{'ratio':>5} {'rows':>4} {'VGPR':>4} {'AGPR':>4} {'LDS B':>6} {'spills':>6} {'scratch':>7} "
-          f"{'code B':>7} {'compile s':>9}")
+    print(f"{'ratio':>5} {'rows':>4} {'instrs':>6} {'VGPR':>4} {'AGPR':>4} {'SGPR':>4} {'LDS B':>6} {'spills':>6} "
+          f"{'scratch':>7} {'code B':>7} {'compile s':>9}")
     for row in sorted(rows):
-        print("{:>5} {:>4} {:>4} {:>4} {:>6} {:>6} {:>7} {:>7} {:>9.1f}".format(*row))
-    print(f"max VGPRs {max(r[2] for r in rows)}, spills {max(r[5] for r in rows)}, scratch {max(r[6] for r in rows)} B")
+        print("{:>5} {:>4} {:>6} {:>4} {:>4} {:>4} {:>6} {:>6} {:>7} {:>7} {:>9.1f}".format(*row))
+    print(f"max VGPRs {max(r[3] for r in rows)}, spills {max(r[7] for r in rows)}, scratch {max(r[8] for r in rows)} B")
     print(UPSTREAM)
 
 

@@ -139,6 +139,8 @@ def test_s9_to_s17_one_rank_each_hand_off_against_the_reference(setting, codes):
     assert int(run.region("i32", lay.union_size, 1)) == len(union)
     assert run.region("i32", lay.union, len(union)).tolist() == union
     assert torch.equal(run.region("i32", lay.pick_of, pick_of.numel()).view(-1, lay.rows), pick_of)
+    slot_of = [union.index(e) if e in union else -1 for e in range(EXPERTS)]  # S16 waits on its expert's slot
+    assert run.region("i32", lay.slot_of, EXPERTS).tolist() == slot_of
     _read_once_per_chosen_expert(report.per_allocation, len(union))
 
     quarters = run.region("f32", lay.sgu_raw, 4 * lay.rows * 2 * INTER).view(4, lay.rows, -1).sum(0)[:m]

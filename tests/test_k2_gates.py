@@ -13,6 +13,7 @@ import re
 import pytest
 from byte_loads import assert_codes_load_unsigned
 from cache_settings import cached_builds
+from isa_loops import vmcnt_before, waterfall_loops
 
 from mono_jit.config import Settings
 from mono_jit.hsaco import read_metadata
@@ -88,6 +89,31 @@ def test_k2_isa_has_the_instructions_the_design_relies_on(k2_builds, build):
     assert not [m for m in counts if m.startswith("scratch_")]
     assert not re.search(r"s_mov_b32 s\d+, -1\s", listing)  # every buffer resource has a real size
     assert_codes_load_unsigned(counts)
+
+
+@pytest.mark.parametrize("build", BUILDS, ids=_id)
+def test_k2_buffer_resources_are_uniform(k2_builds, build):
+    """Every buffer resource is built on wave-uniform values (the address tables' entries read as
+    such): no waterfall loop, so no weight or scale load of a GEMV runs once per distinct lane
+    value behind a v_readfirstlane_b32 / s_and_saveexec_b64 / s_cbranch_execnz loop."""
+    _, _, listing = k2_builds[build]
+    loops = waterfall_loops(listing)
+    assert not loops, f"{len(loops)} waterfall loops, the first: {loops[0]}"
+
+
+@pytest.mark.parametrize("build", BUILDS, ids=_id)
+def test_k2_routed_gemvs_keep_the_next_steps_loads_in_flight(k2_builds, build):
+    """The routed experts' fp4 GEMVs (S15's gate and up, S17's down) issue a K step's loads
+    before the previous step's MFMAs, which wait only for their own (s_waitcnt vmcnt(N > 0)): only
+    the MFMAs of a GEMV's last step, with nothing left to load, may wait for every load
+    (vmcnt(0)). Waiting for all of them before each MFMA left the weight stream idle while the
+    MFMAs ran."""
+    _, _, listing = k2_builds[build]
+    row_tiles = K2Layout(8, build[0], RATIOS[build[0]], build[1]).seam.row_tiles
+    waits = vmcnt_before(listing, lambda text: text.startswith("v_mfma_scale") and "cbsz:4" in text)
+    assert len(waits) == (14 + 3) * row_tiles
+    drained = sum(1 for n in waits if not n)
+    assert drained <= 3 * row_tiles, f"{drained} fp4 MFMAs wait for every load: {waits}"
 
 
 def test_k2_key_reads_tp_ratio_width_and_max_tokens():

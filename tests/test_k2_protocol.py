@@ -116,9 +116,9 @@ class World:
         """The first flag or unit the CTA's next step waits for that does not carry its tag."""
         step = cta.steps[cta.pc]
         rank = self.ranks[cta.rank]
-        if step[0] == "wait":
-            _, first, count = step
-            for f in range(first, first + count):
+        if step[0] == "wait":  # ("wait", first, count[, stride]): count flags `stride` apart
+            first, count, stride = (*step[1:], 1)[:3]
+            for f in range(first, first + count * stride, stride):
                 if rank.words[f] != cta.tag:
                     return ("flag", cta.rank, f)
         elif step[0] == "await_peers":

@@ -166,10 +166,17 @@ def typed_view(pointer, dtype, count, vector: int = 1):
 
 
 def table_entry(table, index):
-    """Entry `index` of an int64 table, read where it is used: a volatile load, which the
-    compiler may not hoist to the kernel's entry (an invariant load it would, and keep the value
-    in SGPRs across every stage, which is what the table is there to avoid)."""
-    return fx.generic_load(fx.get_iter(table) + index, volatile=True)
+    """Entry `index` of an int64 table as a wave-uniform value (SGPRs), read where it is used.
+
+    A volatile load, which the compiler may not hoist to the kernel's entry (an invariant load it
+    would, and keep the value in SGPRs across every stage, which is what the table is there to
+    avoid), taken from the wave's first lane (v_readfirstlane_b32 of each half). A buffer
+    resource must be uniform: built on the per-lane value of the load, every access through it
+    was a waterfall loop (v_readfirstlane_b32 of the descriptor, s_and_saveexec_b64, a
+    s_cbranch_execnz back-edge) around each weight and scale load of the GEMVs
+    (tests/test_k2_gates.py gates the ISA)."""
+    entry = fx.Int64(fx.generic_load(fx.get_iter(table) + index, volatile=True))
+    return fx.Int64(fx.rocdl.readfirstlane(ir.IntegerType.get_signless(64), entry.ir_value()))
 
 
 def table_pointer(table, index, like):

@@ -62,6 +62,10 @@ class Mxfp8Rows:
     def __init__(self, u8x16, u8, codes, scales, k: int):
         self.u8x16, self.u8, self.codes, self.scales, self.k = u8x16, u8, codes, scales, k
 
+    def row(self, token):
+        """The row a token's operand lanes read: its own (PickRows reads another's)."""
+        return token
+
     def operand(self, token, pieces):
         return operand(self.u8x16, ad.mx_code_offset(self.codes, token, pieces[0], self.k),
                         ad.mx_code_offset(self.codes, token, pieces[1], self.k))

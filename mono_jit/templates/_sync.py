@@ -71,13 +71,14 @@ def publish(sync, flag, tag, tid) -> None:
 
 
 @dsl
-def wait(sync, first, count, tag, tid) -> None:
-    """Block the CTA until flags first .. first + count - 1 carry `tag`; acquire their data.
+def wait(sync, first, count, tag, tid, stride: int = 1) -> None:
+    """Block the CTA until the `count` flags first, first + stride, .. carry `tag`; acquire
+    their data.
 
     One thread polls each flag, so count must not exceed the CTA's threads.
     """
     if tid < count:
-        flag = fx.get_iter(sync) + first + tid
+        flag = fx.get_iter(sync) + first + tid * stride
         seen = _read(flag)
         while seen != tag:
             fx.rocdl.s_sleep(1)  # ~64 clocks between polls: less traffic on the flags' lines

@@ -69,7 +69,7 @@ from ..router.kernel import select_top6
 from . import addressing as k2a
 from .layout import (HEAD_TILE, HEADS_PER_GROUP, LDS_Y_WORDS, PAIR_BYTES, PEER_POLL_LIMIT,
                      LDS_MOE_WORDS, PIN_LDS_BYTES, STATE_TABLE, WEIGHT_TABLE)
-from .moe_layout import DOWN_TILES, SHARED_K_PARTS, TOPK, K2MoeLayout, waits
+from .moe_layout import DOWN_TILES, SHARED_K_PARTS, TOPK, K2MoeLayout
 from . import moe_addressing as ma
 from . import moe_kernel as mk
 from .reference import SCALE
@@ -658,7 +658,8 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
             for _ in range(cta, 1, CTAS):
                 if const_expr(10 in stages):
                     wait(Sync, lay.f_top, m, tag, tid)
-                mk.union_task(i32, lds_moe, lay.ids, lay.union, lay.union_size, lay.pick_of, rows, m, tid)
+                mk.union_task(i32, lds_moe, lay.ids, lay.union, lay.union_size, lay.pick_of, lay.slot_of, rows, m,
+                              tid)
                 publish(Sync, lay.f_union, tag, tid)
 
         # ---- S12: shared gate / up ---------------------------------------------------------------
@@ -731,9 +732,14 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
             tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             for pick in range(cta, lay.picks, CTAS):
                 if pick // TOPK < m:
+                    if const_expr(11 in stages):
+                        wait(Sync, lay.f_union, 1, tag, tid)  # slot_of
                     if const_expr(15 in stages):
-                        for _, first, count in waits(lay.f_rgu, lay.s15_tasks):
-                            wait(Sync, first, count, tag, tid)
+                        expert = load_scalar(i32, lay.ids + pick, fx.Int32)
+                        chosen = (expert >= 0) & (expert < mk.E)  # a hash id outside 0..383 chooses nothing
+                        slot = load_scalar(i32, lay.slot_of + chosen.select(expert, 0), fx.Int32)
+                        _, s15_first, s15_count = lay.s16_awaits(fx.max(slot, 0))
+                        wait(Sync, s15_first, (chosen & (slot >= 0)).select(s15_count, 0), tag, tid)
                     if wave == 0:
                         first = lay.gu + pick * 2 * inter
                         mk.act_row(f32x4, u8x8, u8, first, first + inter, 1, 0, False, inter,
@@ -766,8 +772,8 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
             for task in range(cta, lay.s14_tasks, CTAS):
                 if const_expr(17 in stages):
                     wait(Sync, lay.f_sdown + task, 1, tag, tid)
-                    for _, first, count in waits(lay.f_rdown, lay.s17_tasks):
-                        wait(Sync, first, count, tag, tid)
+                    _, s17_first, s17_count, s17_stride = lay.s18_awaits(task)
+                    wait(Sync, s17_first, s17_count, tag, tid, s17_stride)
                 _moe_push(lay, task, f32, i32, lds_peers, Mailbox, half_at + moe_words, rank, tag, m, tid)
 
         # ---- S19: the MoE all-reduce into out --------------------------------------------------------

@@ -71,9 +71,10 @@ def row_pick(ids, row, expert):
 
 
 @dsl
-def union_task(i32, lds_moe, ids_at, union_at, size_at, pick_at, rows: int, m, tid):
-    """The step's union of chosen experts (slot order = expert order), its size, and pick_of
-    (for the union's slots: the routed stages read no other).
+def union_task(i32, lds_moe, ids_at, union_at, size_at, pick_at, slot_of_at, rows: int, m, tid):
+    """The step's union of chosen experts (slot order = expert order), its size, each expert's
+    slot (-1 if not chosen: S16 waits on its expert's slot's S15 tasks) and pick_of (for the
+    union's slots: the routed stages read no other).
     Slots come from a count over the 384 flags in LDS (no lane prefix and wave totals: this
     stage runs where the kernel's SGPRs peak)."""
     chosen = fx.Int32(0)
@@ -89,6 +90,8 @@ def union_task(i32, lds_moe, ids_at, union_at, size_at, pick_at, rows: int, m, t
         slot = slot + (e < tid).select(flag, 0)
         size = size + flag
     gpu.barrier()
+    if tid < E:
+        store_scalar(i32, slot_of_at + tid, (chosen != 0).select(slot, -1), fx.Int32)
     if (tid < E) & (chosen != 0):
         fx.memref_store(tid, lds_moe, slot)
     gpu.barrier()
@@ -146,16 +149,34 @@ def fp4_operand(view16, offset):
     return words.shuffle(fx.Vector.filled(4, 0, fx.Int32), list(range(8)))
 
 
+def fp4_loads(w16, s8, expert, tile, w_rows: int, k: int, acts, rows, step, lane):
+    """Every operand of one K step of expert `expert`'s fp4 tile `tile`: (A, A's scale code,
+    [(B, B's scale code) of each row tile's operand row in `rows`])."""
+    pieces, block = ad.operand_pieces(step, lane), ad.operand_block(step, lane)
+    a = fp4_operand(w16, ma.weight_offset(expert, tile, step, lane, w_rows, k))
+    scale_a = load_code(s8, ma.scale_offset(expert, tile, step, lane, w_rows, k))
+    return a, scale_a, [(acts.operand(row, pieces), acts.scale(row, block)) for row in rows]
+
+
 def fp4_steps(w16, s8, expert, tile, w_rows: int, k: int, acts, steps, lane, row_tiles: int):
-    """Accumulators [row tile] of expert `expert`'s fp4 tile `tile` over `steps` x every token."""
+    """Accumulators [row tile] of expert `expert`'s fp4 tile `tile` over `steps` x every token.
+
+    A step's loads are issued before the previous step's MFMAs, so they are in flight while
+    those run (the MFMAs wait only for their own step's loads: s_waitcnt vmcnt(N > 0)); loading
+    each step right before its MFMAs made every MFMA wait for all of the wave's loads."""
     accs = [fx.Vector.filled(4, 0.0, fx.Float32) for _ in range_constexpr(row_tiles)]
-    for step, keep in steps:
-        a = fp4_operand(w16, ma.weight_offset(expert, tile, step, lane, w_rows, k))
-        scale_a = load_code(s8, ma.scale_offset(expert, tile, step, lane, w_rows, k))
-        pieces, block = ad.operand_pieces(step, lane), ad.operand_block(step, lane)
-        for t in range_constexpr(row_tiles):
-            token = ad.operand_token(t, lane)
-            acc = mfma(a, acts.operand(token, pieces), accs[t], scale_a, acts.scale(token, block), FP4)
+    # each row tile's operand row, read once: a pick read among a step's loads would make the
+    # next step's addresses wait for every load before it
+    rows = [acts.row(ad.operand_token(t, lane)) for t in range_constexpr(row_tiles)]
+    steps = list(steps)
+    ahead = fp4_loads(w16, s8, expert, tile, w_rows, k, acts, rows, steps[0][0], lane)
+    for i, (_, keep) in enumerate(steps):
+        a, scale_a, operands = ahead
+        if i + 1 < len(steps):
+            ahead = fp4_loads(w16, s8, expert, tile, w_rows, k, acts, rows, steps[i + 1][0], lane)
+            fx.rocdl.sched_barrier(0)  # the scheduler may not sink them past this step's MFMAs
+        for t, (b, scale_b) in enumerate(operands):
+            acc = mfma(a, b, accs[t], scale_a, scale_b, FP4)
             accs[t] = acc if keep is None else keep.select(acc, accs[t])
     return accs
 
@@ -195,14 +216,16 @@ class PickRows:
     def pick(self, token):
         return load_scalar(self.i32, self.pick_at + fx.min(token, self.rows - 1), fx.Int32)
 
-    def operand(self, token, pieces):
-        row = fx.max(self.pick(token), 0)
+    def row(self, token):
+        """The h row a token's operand lanes read: its pick's (pick 0's when it has none)."""
+        return fx.max(self.pick(token), 0)
+
+    def operand(self, row, pieces):
         first = load(self.u8x16, ad.mx_code_offset(self.codes, row, pieces[0], self.k) // 16, fx.Uint8, 16)
         second = load(self.u8x16, ad.mx_code_offset(self.codes, row, pieces[1], self.k) // 16, fx.Uint8, 16)
         return first.bitcast(fx.Int32).shuffle(second.bitcast(fx.Int32), list(range(8)))
 
-    def scale(self, token, block):
-        row = fx.max(self.pick(token), 0)
+    def scale(self, row, block):
         return load_code(self.u8, ad.mx_scale_offset(self.scales, row, block, self.k))
 
 

@@ -26,18 +26,24 @@ Semantics: moe_reference.py; device code: moe_kernel.py.
   S19 reduce         K1's S1 table: the ranks' partials summed in rank order (S7's scheme) into
                      the layer's `out`.
 
-Which union slot a pick's expert has is data: a stage that needs "the tasks of my expert"
-waits on every task of the producing stage instead (S16 on all of S15, S18 on all of S17), in
-waits of at most 512 flags (one thread a flag); every task publishes on every launch, so the
-waits are the same whatever the routing.
+A routed task waits only on the producer tasks that write what it reads. S16 (a pick) reads the
+gate / up S15 wrote for its expert's union slot: it waits on the union (S11 also writes each
+expert's slot, `slot_of`), reads its expert's slot, then waits on that slot's S15 tasks
+(s16_awaits: 24 flags at TP8), so its waits depend on the routing (`program` takes it). S18 (a
+16-column tile) reads, for every live row's entries, the down output of its tile that S17 wrote
+for the entry's slot: it waits on the S17 task of its tiles in every slot the step may use
+(s18_awaits: one flag a slot, a strided wait), whatever the routing. Every task publishes on
+every launch (slots past the union only publish), so a slot past the step's union passes at
+once. A wait is at most 512 flags (one thread a flag).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ... import model
-from ..k1.layout import SEAM_GROUP, THREADS, TILE_N
+from ..k1.layout import SEAM_GROUP, TILE_N
 from .layout import WOB_TILES, K2Layout
 
 EXPERTS = model.ROUTED_EXPERTS  # 384
@@ -48,10 +54,13 @@ DOWN_TILES = 8  # S17: output tiles a task, one a wave
 MOE_REGIONS = {"part": "mpart", "rs": "mrs", "ag": "mag"}  # part one's region -> the MoE's twin
 
 
-def waits(first: int, count: int) -> list[tuple[str, int, int]]:
-    """A wait on `count` flags from `first` as waits of at most THREADS flags (one thread polls
-    one flag)."""
-    return [("wait", f, min(THREADS, first + count - f)) for f in range(first, first + count, THREADS)]
+def union_slots(ids: Sequence[Sequence[int]]) -> list[int]:
+    """Each pick's union slot (row x 6 + entry, for the rows of `ids`), -1 for an id outside
+    0 .. 383 (which chooses nothing): the number of chosen experts below the pick's, as S11
+    numbers the union (ascending experts)."""
+    chosen = sorted({e for row in ids for e in row if 0 <= e < EXPERTS})
+    slot = {e: s for s, e in enumerate(chosen)}
+    return [slot.get(e, -1) for row in ids for e in row]
 
 
 @dataclass(frozen=True)
@@ -102,6 +111,18 @@ class K2MoeLayout(K2Layout):
         """(union slot, first of its 8 output tiles) of S17 task `task`."""
         per_slot = WOB_TILES // DOWN_TILES
         return task // per_slot, task % per_slot * DOWN_TILES
+
+    def s16_awaits(self, slot):
+        """("wait", first, count): the S15 tasks of union slot `slot` (every 16-column block of
+        its expert's gate and up), the only ones that write a pick of that slot's expert."""
+        blocks = self.inter // TILE_N
+        return ("wait", self.f_rgu + slot * blocks, blocks)
+
+    def s18_awaits(self, task):
+        """("wait", first, count, stride): the S17 task of S18 task `task`'s tile in every union
+        slot (each writes that tile of its expert's picks' down outputs)."""
+        per_slot = WOB_TILES // DOWN_TILES
+        return ("wait", self.f_rdown + task // DOWN_TILES, self.union_max, per_slot)
 
     # -- sync words: part one's, then a flag per part-two producer task ------------------------
     @property
@@ -176,7 +197,10 @@ class K2MoeLayout(K2Layout):
         return [(peer, MOE_REGIONS[region], unit) for peer, region, unit in self.s7_pushes(task, rank)]
 
     # -- the program: part one's, then part two's in the kernel's order ------------------------
-    def program(self, cta: int, m: int, rank: int) -> list[tuple]:
+    def program(self, cta: int, m: int, rank: int, ids: Sequence[Sequence[int]] | None = None) -> list[tuple]:
+        """The CTA's steps in a launch of m rows whose live rows chose `ids` (six each, S10's;
+        by default row r chose experts 6 r .. 6 r + 5): S16's waits depend on them."""
+        slots = union_slots(ids if ids is not None else [range(TOPK * r, TOPK * r + TOPK) for r in range(m)])
         steps = super().program(cta, m, rank)
         for task in self._tasks(cta, self.s9_tasks):
             steps += [("wait", self.f_norm, m), ("publish", self.f_logits + task, 1)]
@@ -195,12 +219,14 @@ class K2MoeLayout(K2Layout):
         for task in self._tasks(cta, self.s15_tasks):
             steps += [("wait", self.f_union, 1), ("publish", self.f_rgu + task, 1)]
         for pick in self._tasks(cta, self.picks):
-            steps += waits(self.f_rgu, self.s15_tasks) if pick // TOPK < m else []
+            if pick // TOPK < m:
+                steps.append(("wait", self.f_union, 1))
+                steps += [self.s16_awaits(slots[pick])] if slots[pick] >= 0 else []
             steps.append(("publish", self.f_ract + pick, 1))
         for task in self._tasks(cta, self.s17_tasks):
             steps += [("wait", self.f_ract, TOPK * m), ("publish", self.f_rdown + task, 1)]
         for task in self._tasks(cta, self.s14_tasks):
-            steps += [("wait", self.f_sdown + task, 1)] + waits(self.f_rdown, self.s17_tasks)
+            steps += [("wait", self.f_sdown + task, 1), self.s18_awaits(task)]
             steps += [("push", *p) for p in self.s18_pushes(task, rank)]
         for task in self._tasks(cta, self.s7_tasks):
             live = self.s7_task(task)[0] * SEAM_GROUP < m
@@ -267,8 +293,14 @@ class K2MoeLayout(K2Layout):
         return self.union_size + 1
 
     @property
-    def i32_words(self) -> int:
+    def slot_of(self) -> int:
+        """[384] expert -> its union slot, or -1 when no live row chose it (S16 finds the S15
+        tasks of its pick's expert by it)."""
         return self.pick_of + self.union_max * self.rows
+
+    @property
+    def i32_words(self) -> int:
+        return self.slot_of + EXPERTS
 
     # bytes: the MXFP8 operands of the two downs
     @property
