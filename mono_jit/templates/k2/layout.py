@@ -104,10 +104,11 @@ PIN_LDS_BYTES = LDS_PER_CU // 2 + 64 - STATIC_LDS_BYTES
 # A cross-rank wait lasts at most the launch's `peer_wait_us` microseconds, measured on
 # s_memrealtime's clock, then traps: a rank that died mid-step fails the launch, never hangs it,
 # while one that is late (vLLM's compressor and indexer run on the host between K1 and K2 and
-# may compile on their first call) is waited for. The clock is the device's constant 100 MHz
-# one, whatever the shader clock (vLLM 0.33's in-tree mono, common/ops.py memrealtime: "the
-# 100 MHz device clock"; Rust's core::arch::amdgpu s_memrealtime: "a real-time clock counter
-# that runs at constant speed (typically 100 MHz)", "consistent across the chip").
+# may compile on their first call) is waited for. The clock is the device's fixed-frequency
+# one, 100 MHz on every GFX9-family chip whatever the shader clock (vLLM 0.33's in-tree mono,
+# common/ops.py memrealtime: "the 100 MHz device clock"; LLVM's libc, src/time/gpu/
+# time_utils.h: the cards of the GFX9 ISAs use a 100 MHz clock; the driver reports the real
+# rate as the device's wall-clock rate).
 TICKS_PER_US = 100
 
 # The layer's weights reach K2 as one int64 table (the runner fills one a layer, once: weights
