@@ -66,6 +66,17 @@ def _seconds(text: str) -> float:
     return value
 
 
+PEER_WAIT_MAX = (2**31 - 1) / 1e6  # seconds: K2 takes the limit as i32 microseconds
+
+
+def _peer_wait(text: str) -> float:
+    value = _seconds(text)
+    if value < 1e-6 or value > PEER_WAIT_MAX:
+        raise ValueError(f"expected 0.000001 to {PEER_WAIT_MAX:.0f} seconds (K2 takes it as i32 microseconds), "
+                         f"got {text!r}")
+    return value
+
+
 def _remote(text: str) -> object:
     from mono_jit.cache.oci.reference import parse_reference  # only when MONO_JIT_REMOTE is set
 
@@ -118,6 +129,8 @@ _TABLE: tuple[tuple[str, str, Callable[[str], object], Callable[[], object], str
      "seconds one registry request may take before the registry counts as down"),
     ("prebuild_templates", "MONO_JIT_PREBUILD_TEMPLATES", _words, tuple,
      "templates a plain `mono-jit prebuild` builds besides the layer's (plug-ins, router, keytable; comma list)"),
+    ("peer_wait", "MONO_JIT_PEER_WAIT", _peer_wait, lambda: 30.0,
+     "seconds a K2 launch waits for a peer rank's all-reduce data before it traps (fails the step)"),
     ("backend", "MONO_JIT_BACKEND", _backend, lambda: "hip",
      "how the runner runs the kernels: hip (the cached code objects) or reference (their torch references)"),
 )

@@ -20,6 +20,7 @@ from mono_jit.templates.k2.moe_reference import MoeWeights
 H = 7168
 SENTINEL = -3.0
 PEERS = 8
+PEER_WAIT_US = 30_000_000  # the runner's default (the peer_wait setting, 30 s)
 
 
 def _pad_rows(t: torch.Tensor, rows: int, fill: float | int = 0) -> torch.Tensor:
@@ -40,6 +41,7 @@ class K2Run:
         width = x.topk.shape[1]
         self.lay = lay = K2MoeLayout(8, x.ratio, width, bucket)
         self.moe, self.route_ids = moe, route_ids
+        self.peer_wait_us = PEER_WAIT_US
         csa = x.ratio == 4
 
         def dev(t: torch.Tensor) -> torch.Tensor:
@@ -98,7 +100,8 @@ class K2Run:
                 "route_ids": route_ids.int().contiguous().flatten().to(self.work.device), "m": self.m, "rank": self.rank,
                 "swa_page_stride": SWA_STRIDE, "swa_block": SWA_BLOCK, "comp_page_stride": COMP_STRIDE,
                 "comp_block": COMP_BLOCK, "bt_stride": self.x.block_table.shape[1] if self.x.block_table is not None
-                else 1, "per_page": COMP_BLOCK, "use_hash": int(self.route_ids is not None)}
+                else 1, "per_page": COMP_BLOCK, "use_hash": int(self.route_ids is not None),
+                "peer_wait_us": self.peer_wait_us}
 
     def ordered(self, names: list[str]) -> tuple:
         values = self.arguments()

@@ -46,6 +46,18 @@ def test_a_flag_that_is_no_known_word_is_an_error_not_silently_off():
     assert result.exit_code == 1 and "MONO_JIT_OFFLINE='enabled'" in result.output
 
 
+def test_the_peer_wait_is_thirty_seconds_unless_set_and_refused_out_of_k2s_range():
+    """K2 takes the wait as i32 microseconds: 0.000001 to 2147.48 s; anything else is refused by name."""
+    assert Settings({}).peer_wait == 30.0
+    assert Settings({"MONO_JIT_PEER_WAIT": "2147.4"}).peer_wait == 2147.4
+    for bad in ("2148", "0", "-1", "1e-7"):
+        with pytest.raises(MonoJitError, match=rf"MONO_JIT_PEER_WAIT='{bad}': expected"):
+            Settings({"MONO_JIT_PEER_WAIT": bad})
+    result = CliRunner().invoke(main, ["config"], env={"MONO_JIT_PEER_WAIT": "1h"})  # the CLI: one line
+    assert result.exit_code == 1 and "MONO_JIT_PEER_WAIT='1h'" in result.output
+    assert result.output.count("\n") == 1, result.output
+
+
 def test_an_empty_template_list_is_a_usage_error(tmp_path):
     code, out = invoke("prebuild", "--template", ",", "--cache-dir", str(tmp_path / "c"))
     assert code == 2 and "--template" in out and "expected at least one name" in out, out

@@ -31,16 +31,19 @@ pytest.importorskip("numba", reason="the emulator needs the emulate extra (numba
 pytest.importorskip("tinygrad", reason="the emulator needs the emulate extra (numba, tinygrad)")
 pytest.importorskip("flydsl", reason="the stage launches compile with FlyDSL (the build extra)")
 
-from k2_emulation import (EXPERTS, compile_stage_sets, rank_moe_weights, run_on_one_device, run_on_ranks,  # noqa: E402
-                         sparse_moe)
+from k2_emulation import (EXPERTS, compile_stage_sets, rank_moe_weights, register, run_on_one_device,  # noqa: E402
+                         run_on_ranks, sparse_moe)
 from k2_harness import H, K2Run  # noqa: E402
 from k2_inputs import TP, full_weights, shard, world  # noqa: E402
 
+from mono_jit.emulator import EmulatorFault, LaunchReport, Machine  # noqa: E402
+from mono_jit.emulator.core import TICKS_PER_INSTRUCTIONS  # noqa: E402
 from mono_jit.spec import Spec  # noqa: E402
 from mono_jit.templates.k1 import reference as k1  # noqa: E402
 from mono_jit.templates.k2 import moe_addressing as ma  # noqa: E402
 from mono_jit.templates.k2 import moe_reference as moe  # noqa: E402
 from mono_jit.templates.k2 import reference as ref  # noqa: E402
+from mono_jit.templates.k2.layout import TICKS_PER_US  # noqa: E402
 
 BUCKET, RANK, TOPK, INTER = 4, 2, 6, 384
 LIVE = tuple(range(0, 384, 48))  # 8 reachable experts: every row's six among them
@@ -65,10 +68,11 @@ def codes():
     return compile_stage_sets(SPEC, [range(9, 18), (18,), (19,)])
 
 
-def _run(setting) -> K2Run:
-    """A run with the seam's x_norm and its MXFP8 where S9, S12 and S15 read them."""
+def _run(setting, rank: int = RANK, **buffers) -> K2Run:
+    """A run with the seam's x_norm and its MXFP8 where S9, S12 and S15 read them (as `rank`,
+    with `buffers`' mailbox or peer addresses if given)."""
     wd, weights, weights_moe, seam, _ = setting
-    run = K2Run(wd, weights, RANK, BUCKET, "cpu", moe=weights_moe)
+    run = K2Run(wd, weights, rank, BUCKET, "cpu", moe=weights_moe, **buffers)
     run.state_tensors["x_norm"][: seam.x_norm.numel()] = seam.x_norm.flatten()
     run.write_scratch("ffn_codes", seam.x_codes)
     run.write_scratch("ffn_scales", seam.x_scales)
@@ -169,16 +173,22 @@ def test_s9_to_s17_one_rank_each_hand_off_against_the_reference(setting, codes):
     _bf16_flips(got["shared"].to(torch.bfloat16), want.shared, "shared")  # measured: 1 of 21504
 
 
-def test_s18_pushes_the_rank_partial(setting, codes):
-    """S18 alone (every peer address this device's mailbox): the rank's partial, tagged."""
-    *_, want = setting
-    run = _run(setting)
+def _s18_inputs(run: K2Run, want: moe.RankMoe) -> None:
+    """S17's and S14's outputs in `run`'s scratch, whose S18 partial is want.partial."""
     lay, m = run.lay, run.m
     run.region("i32", lay.ids, TOPK * m).copy_(want.ids.int().flatten())
     picks = torch.zeros(m, TOPK, H)
     picks[:, 0] = want.routed.float()  # the routed sum in pick 0, the others 0: the same sum
     run.region("f32", lay.routed_y, picks.numel()).copy_(picks.flatten())
     run.region("f32", lay.shared_raw, m * H).copy_(want.shared.float().flatten())
+
+
+def test_s18_pushes_the_rank_partial(setting, codes):
+    """S18 alone (every peer address this device's mailbox): the rank's partial, tagged."""
+    *_, want = setting
+    run = _run(setting)
+    lay, m = run.lay, run.m
+    _s18_inputs(run, want)
     run_on_one_device(codes[1], run)
     words = run.mailbox.view(torch.int32).view(-1, 2)
     first = (lay.moe_at + lay.part_pair(RANK, 0, 0)) // 8
@@ -189,19 +199,93 @@ def test_s18_pushes_the_rank_partial(setting, codes):
     assert (got[m:] == 0).all(), "rows past m push 0"
 
 
-def test_s19_reduces_eight_partials_into_out(setting, codes):
-    """S19 alone on a mailbox holding 8 ranks' partials: their f32 sum in rank order, bf16."""
-    *_, want = setting
-    run = _run(setting)
-    partials = [(want.partial.float() * (1 + r / 8)).to(torch.bfloat16) for r in range(TP)]
+def _partials(want: moe.RankMoe) -> list[torch.Tensor]:
+    return [(want.partial.float() * (1 + r / 8)).to(torch.bfloat16) for r in range(TP)]
+
+
+def _mailbox_for_s19(run: K2Run, partials: list[torch.Tensor], missing: int | None = None) -> None:
+    """run's mailbox as 8 ranks' S18 pushes of `partials` leave it (tag 1), but for rank
+    `missing`'s, which have not come (tag 0)."""
     run.put_partials(partials, tag=1)
     words = run.mailbox.view(torch.int32)
     half = run.lay.moe_at // 4  # part one's regions -> the MoE's twins
     words[half: 2 * half].copy_(words[:half].clone())
+    if missing is not None:
+        lay = run.lay
+        first = (lay.moe_at + lay.part_pair(missing, 0, 0)) // 4
+        words[first: first + lay.rows * H].zero_()
+
+
+def test_s19_reduces_eight_partials_into_out(setting, codes):
+    """S19 alone on a mailbox holding 8 ranks' partials: their f32 sum in rank order, bf16."""
+    *_, want = setting
+    run = _run(setting)
+    partials = _partials(want)
+    _mailbox_for_s19(run, partials)
     run_on_one_device(codes[2], run)
     out = run.state_tensors["out"]
     assert torch.equal(out[: run.m * H].view(run.m, H), moe.all_reduce(partials))
     assert (out[run.m * H:] == -3.0).all(), "rows past m untouched"
+
+
+# A peer wait is bounded by time (s_memrealtime), not by rounds. The emulated clock advances one
+# tick per 32 of a device's wave-instructions, and by growing jumps in passes where no wave of any
+# device stores (so a wait on a peer that never comes runs out of time, where a wait bounded by
+# 2^22 rounds was reported as a deadlock: the emulator cannot poll that long).
+LATE = 5  # the rank whose pushes are missing or late
+
+
+def test_s19_traps_when_a_peer_never_pushes(setting, codes):
+    """S19 alone with rank LATE's partial missing: the poll traps once its time is up (1 ms here)."""
+    *_, want = setting
+    run = _run(setting)
+    _mailbox_for_s19(run, _partials(want), missing=LATE)
+    run.peer_wait_us = 1000
+    with pytest.raises(EmulatorFault, match="s_trap 2"):
+        run_on_one_device(codes[2], run)
+
+
+@pytest.fixture(scope="module")
+def moe_to_push():
+    """S9-S18: one rank's MoE from x_norm to its pushed partial."""
+    (code,) = compile_stage_sets(SPEC, [range(9, 19)])
+    return code
+
+
+def _late_peer(setting, codes, moe_to_push, wait_us: int) -> tuple[K2Run, LaunchReport]:
+    """S19 of rank RANK on device 0 with rank LATE's partial missing, while device 1 runs rank
+    LATE's S9-S18: its whole MoE, then the push into device 0's mailbox."""
+    *_, want = setting
+    waiting = _run(setting)
+    _mailbox_for_s19(waiting, _partials(want), missing=LATE)
+    waiting.peer_wait_us = wait_us
+    late = _run(setting, LATE, peer_addresses=[waiting.mailbox.data_ptr()] * TP)
+    machine = Machine(devices=2)
+    values = [register(machine, waiting, "r0"), register(machine, late, "r1")]
+    report = machine.launch_many([codes[2].launch(values[0], 0), moe_to_push.launch(values[1], 1)])
+    return waiting, report
+
+
+def test_s19_waits_for_a_late_peer_within_its_time_and_traps_past_it(setting, codes, moe_to_push):
+    """The same late push, two limits. Device 0's polls start at once; rank LATE's pairs come
+    after device 1's MoE, thousands of device 0's ticks later. With 30 s the reduce completes
+    on the late pairs; with 10 us (1000 ticks) the same polls trap: the bound is the time (a
+    bound of 2^22 rounds lets both through: the emulator polls far fewer rounds)."""
+    *_, want = setting
+    waiting, report = _late_peer(setting, codes, moe_to_push, 30_000_000)
+    lay, m = waiting.lay, waiting.m
+    partials = _partials(want)
+    first = (lay.moe_at + lay.part_pair(LATE, 0, 0)) // 8
+    pairs = waiting.mailbox.view(torch.int32).view(-1, 2)[first: first + lay.rows * H // 2]
+    assert (pairs[:, 1] == 1).all(), "rank LATE's pushes arrived, tagged"
+    partials[LATE] = pairs[:, 0].contiguous().view(torch.bfloat16).view(lay.rows, H)[:m]
+    out = waiting.state_tensors["out"]
+    assert torch.equal(out[: m * H].view(m, H), moe.all_reduce(partials))
+    ticks = report.per_device[0]["wave_instructions"] // TICKS_PER_INSTRUCTIONS
+    short = 10  # us: 1000 ticks, a fifth or less of device 0's polling (measured: 8972 ticks in all)
+    assert report.idle_rounds == 0 and ticks > 5 * short * TICKS_PER_US, f"the late pairs came {ticks} ticks in"
+    with pytest.raises(EmulatorFault, match="s_trap 2"):
+        _late_peer(setting, codes, moe_to_push, short)
 
 
 @pytest.mark.slow

@@ -102,6 +102,22 @@ def test_cross_lane_operations(kernels):
     assert not wrong, "\n".join(wrong[:20])
 
 
+def test_a_signed_64_bit_compare(kernels):
+    """v_cmp_gt_i64 on pairs that differ in the high word's sign, only in the low word (whose top
+    bit set must not read as a sign) and at the i64 extremes, then on random pairs."""
+    edges = [(-1, 1), (1, -1), (1 << 32, 0xFFFFFFFF), (0x80000000, 0x7FFFFFFF), (-(1 << 40), 5),
+             (2**63 - 1, -2**63), (-2**63, 2**63 - 1), (7, 7), (0xFFFFFFFF, 1 << 32), (-5, -(1 << 40))]
+    g = _generator(5)
+    a = torch.randint(-2**63, 2**63 - 1, (LANES,), generator=g, dtype=torch.int64)
+    b = torch.randint(-2**63, 2**63 - 1, (LANES,), generator=g, dtype=torch.int64)
+    b[::3] = a[::3] + torch.randint(-2, 3, (len(b[::3]),), generator=g)  # near pairs
+    for lane, (x, y) in enumerate(edges):
+        a[lane], b[lane] = x, y
+    out = torch.zeros(LANES, dtype=torch.int32)
+    kernels["i64_greater"].launch(_machine({"a": a, "b": b}, out=out), a=a, b=b, out=out)
+    assert torch.equal(out, (a > b).int())
+
+
 def test_ds_swizzle_quad_mode(kernels):
     """Offset 0x801b: lane l reads lane sel[l % 4] of its quad, sel = (3, 2, 1, 0)."""
     assert QUAD_SWIZZLE == 0x801B

@@ -2,7 +2,8 @@
 gfx950 through the service, fits the persistent grid (one CTA a CU, two waves a SIMD) with no
 scratch and no spilled register, and its ISA holds what the design relies on: the scaled MFMAs
 of wo_a and wo_b, system-scope (SC0 SC1) 8-byte pair stores and polls for the all-reduce,
-agent-scope hand-offs, the traps, hardware fp8 conversions, scale codes loaded zero-extended
+agent-scope hand-offs, the traps, the clock each cross-rank poll round reads (its time bound),
+hardware fp8 conversions, scale codes loaded zero-extended
 (tests/test_k2_emulated_attention.py runs the records' codes on the emulator). No GPU needed;
 tests/test_gpu_k2.py runs the kernel."""
 
@@ -52,11 +53,35 @@ def test_k2_build_fits_the_persistent_grid_without_spills(k2_builds, build):
     assert residency["ctas_per_cu"] == 1 and residency["waves_per_simd"] == 2
     assert kernel.lds == STATIC_LDS_BYTES and residency["lds_bytes"] > LDS_PER_CU // 2
     assert kernel.vgpr + kernel.agpr < UPSTREAM_VGPRS
-    # The kernarg block is the contract: 16 tensors (pointer + i32 length) and 9 i32.
-    assert len(kernel.args) == 16 * 2 + 9
-    assert [a["name"] for a in meta["arguments"]][-9:] == [
+    # The kernarg block is the contract: 16 tensors (pointer + i32 length) and 10 i32.
+    assert len(kernel.args) == 16 * 2 + 10
+    assert [a["name"] for a in meta["arguments"]][-10:] == [
         "m", "rank", "swa_page_stride", "swa_block", "comp_page_stride", "comp_block", "bt_stride", "per_page",
-        "use_hash"]
+        "use_hash", "peer_wait_us"]
+
+
+def peer_poll_rounds(listing: str) -> list[list[str]]:
+    """The instructions of each cross-rank poll round: from an s_sleep whose round re-loads
+    pairs at system scope (global_load_dwordx2 sc0 sc1; a CTA hand-off's round loads a dword)
+    to the round's branch."""
+    rounds, current = [], None
+    for line in listing.splitlines():
+        if "s_sleep" in line:
+            current = []
+        elif current is not None and "s_cbranch" in line:
+            if any("global_load_dwordx2" in i and "sc0 sc1" in i for i in current):
+                rounds.append(current)
+            current = None
+        elif current is not None:
+            current.append(line)
+    return rounds
+
+
+def assert_peer_polls_read_the_clock(listing: str) -> None:
+    """Every cross-rank poll round reads s_memrealtime: the wait is bounded by time."""
+    rounds = peer_poll_rounds(listing)
+    assert rounds, "no cross-rank poll round found"
+    assert all(any("s_memrealtime" in line for line in r) for r in rounds), "a poll round without the clock"
 
 
 @pytest.mark.parametrize("build", BUILDS, ids=_id)
@@ -89,6 +114,7 @@ def test_k2_isa_has_the_instructions_the_design_relies_on(k2_builds, build):
     assert not [m for m in counts if m.startswith("scratch_")]
     assert not re.search(r"s_mov_b32 s\d+, -1\s", listing)  # every buffer resource has a real size
     assert_codes_load_unsigned(counts)
+    assert_peer_polls_read_the_clock(listing)
 
 
 @pytest.mark.parametrize("build", BUILDS, ids=_id)
@@ -148,8 +174,11 @@ def test_each_k2_stage_has_a_standalone_launch(stage_builds, stage):
                          "dynamic_lds": PIN_LDS_BYTES}]
     (kernel,) = read_metadata(hsaco)[1]
     assert kernel.scratch == 0 and kernel.vgpr_spills == 0 and kernel.sgpr_spills == 0
-    counts = instruction_counts(disassemble(hsaco, find_objdump(Settings())))
+    listing = disassemble(hsaco, find_objdump(Settings()))
+    counts = instruction_counts(listing)
     assert counts["global_atomic_add"] >= 1
     mfmas = {4: 2, 6: 2, 12: 2, 14: 1, 15: 14, 17: 3}.get(stage, 0) * 2  # 2 row tiles at 32 rows
     assert counts["v_mfma_scale_f32_16x16x128_f8f6f4"] == mfmas
     assert (counts["s_sleep"] > 0) == (stage in (7, 19)), "only the all-reduces' polls may wait in a lone stage"
+    if stage in (7, 19):
+        assert_peer_polls_read_the_clock(listing)

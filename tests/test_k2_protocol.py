@@ -1,18 +1,22 @@
 """K2 part one's protocol on a model of 8 ranks x 256 CTAs: every CTA runs its hand-offs
 (K2Layout.program, the order the kernel's stage loops wait, publish and push in) under random
 scheduling, launch after launch on the same sync areas and peer buffers, a rank starting its
-next launch as soon as its own previous one ended (stream order), with the words
+next launch as soon as its own previous one ended (stream order), a rank's first launch
+possibly late (host work before it), with the words
 templates/_sync.py uses (arrival ticket, epoch read once, tag = epoch + 1 wrapping as an int32,
 exit counter, the last CTA out advancing the epoch) and the peer half of the epoch's low bit.
 
 Every flag and every peer unit (a task's (value, tag) pairs to one rank) remembers the launch that
 wrote it, so a wait that passes on another launch's word is seen (a stale read); a state where no
-CTA of any rank can move while some have work left is a deadlock. The model runs the same
-`*_awaits` / `*_pushes` functions the kernel calls."""
+CTA of any rank can move while some have work left is a deadlock. Time is the count of steps
+taken (a late rank's start jumps it forward when nothing else can move); with a wait limit, a
+CTA that has waited on its peers' units longer than that traps, as the kernel's poll does after
+`peer_wait_us`. The model runs the same `*_awaits` / `*_pushes` functions the kernel calls."""
 
 from __future__ import annotations
 
 import functools
+import heapq
 import random
 from dataclasses import dataclass, field
 from typing import Callable
@@ -49,6 +53,7 @@ class Cta:
     pc: int = 0
     tag: int = 0
     half: int = 0
+    since: int = -1  # when it began waiting on its peers' units at step pc (-1: not waiting)
 
 
 class Rank:
@@ -71,7 +76,8 @@ class World:
     def __init__(self, lay: K2Layout, ms: list[int], seed: int, *, tag_bits: int = 32, epoch: int = 0,
                  ahead: int | None = None, parity: bool = True, program: Program | None = None,
                  epochs: list[int] | None = None, lag: int | None = None,
-                 needs: Callable[[K2Layout, tuple, int], tuple[int, ...]] | None = None):
+                 needs: Callable[[K2Layout, tuple, int], tuple[int, ...]] | None = None,
+                 wait_limit: int | None = None, late: dict[int, int] | None = None):
         self.lay, self.ms, self.bits, self.parity = lay, ms, tag_bits, parity
         self.needs = needs or globals()["needs"]
         self.program = program or (lambda lay, cta, m, rank: lay.program(cta, m, rank))
@@ -82,6 +88,10 @@ class World:
         self.waiters: dict[tuple, list[Cta]] = {}
         self.stale: list[tuple] = []
         self.max_lead = 0  # launches a rank started ahead of the slowest rank
+        self.now = 0  # steps taken, and the late ranks' start times
+        self.wait_limit = wait_limit  # steps a CTA may wait on peer units before it traps (None: no bound)
+        self.late = dict(late or {})  # rank -> the time its first launch starts
+        self.deadlines: list[tuple[int, int, Cta, int]] = []  # (deadline, id, CTA, its since) of peer waits
 
     # -- launches ----------------------------------------------------------------------
     def start_launch(self, rank: Rank) -> None:
@@ -95,13 +105,22 @@ class World:
 
     def run(self) -> None:
         for rank in self.ranks:
-            self.start_launch(rank)
+            if rank.index not in self.late:
+                self.start_launch(rank)
         while True:
+            for index, at in list(self.late.items()):
+                if at <= self.now:
+                    del self.late[index]
+                    self.start_launch(self.ranks[index])
             live = [r for r in self.ranks if r.ready]
             if not live:
-                if all(r.launch == len(self.ms) - 1 and r.left == 0 for r in self.ranks):
+                if all(r.launch == len(self.ms) - 1 and r.left == 0 for r in self.ranks) and not self.late:
                     return
+                if self.late or self.deadlines:  # nothing moves until a late rank starts or a wait ends
+                    self.advance(min([*self.late.values(), *[d + 1 for d, *_ in self.deadlines[:1]]]))
+                    continue
                 raise Deadlock(f"launches {[r.launch for r in self.ranks]}, CTAs left {[r.left for r in self.ranks]}")
+            self.advance(self.now + 1)
             rank = self.rng.choices(live, [self.weights[r.index] for r in live])[0]
             i = self.rng.randrange(len(rank.ready))
             if rank.ready[i].index == self.lag and len(rank.ready) > 1:
@@ -129,6 +148,14 @@ class World:
                     return ("unit", cta.rank, cta.half, region, u)
         return None
 
+    def advance(self, now: int) -> None:
+        """Time moves to `now`: a CTA still waiting on its peers' units past its deadline traps."""
+        self.now = now
+        while self.deadlines and self.deadlines[0][0] < now:
+            _, _, cta, since = heapq.heappop(self.deadlines)
+            if cta.since == since:  # still in that wait
+                raise Trapped(cta.rank)
+
     def park(self, cta: Cta) -> None:
         """Back in its rank's ready list, or waiting on what blocks it, or done."""
         if cta.pc == len(cta.steps):
@@ -136,8 +163,12 @@ class World:
         key = self.blocker(cta)
         if key is None:
             self.ranks[cta.rank].ready.append(cta)
+            cta.since = -1
         else:
             self.waiters.setdefault(key, []).append(cta)
+            if key[0] == "unit" and cta.since < 0 and self.wait_limit is not None:
+                cta.since = self.now
+                heapq.heappush(self.deadlines, (self.now + self.wait_limit, id(cta), cta, self.now))
 
     def wake(self, key: tuple) -> None:
         for cta in self.waiters.pop(key, []):
@@ -320,9 +351,41 @@ def test_pad_groups_without_their_pushes_read_a_wrapped_tag():
 
 def test_ranks_whose_epochs_disagree_deadlock():
     """One rank's area re-created (epoch 0) while the others are at 40: its tags never match the
-    pushes it awaits, and it never reaches leave (where K1's dirty-area trap sits): the group
-    hangs. The runner must create and drop the ranks' K2 areas together."""
+    pushes it awaits, and it never reaches leave (where K1's dirty-area trap sits): without a
+    bound on the peer waits the group hangs; with one it traps. The runner must create and drop
+    the ranks' K2 areas together."""
     lay = K2Layout(8, 4, 1024, 4)
     world = World(lay, [4], seed=0, epochs=[40] * 7 + [0])
     with pytest.raises(Deadlock):
         world.run()
+    with pytest.raises(Trapped):
+        World(lay, [4], seed=0, epochs=[40] * 7 + [0], wait_limit=WAIT_LIMIT).run()
+
+
+# -- a late rank and the time-bounded peer wait -----------------------------------------------
+
+WAIT_LIMIT = 200_000  # model steps (two launches of 4 or of 32 rows on 8 ranks take 93 k and 56 k)
+
+
+@pytest.mark.parametrize("rows", [4, 32])  # one hop, two hops
+def test_a_rank_late_within_the_wait_limit_is_waited_for(rows):
+    """Rank 3 starts its launches three quarters of the limit late (vLLM's host work before K2
+    ran long on it): the others' peer waits hold that long and the launches finish clean."""
+    lay = K2Layout(8, 4, 1024, rows)
+    world = World(lay, [rows, 1], seed=rows, wait_limit=WAIT_LIMIT, late={3: 3 * WAIT_LIMIT // 4})
+    world.run()
+    assert not world.stale, world.stale[:3]
+    assert all(r.words[EPOCH_WORD] == 2 for r in world.ranks)
+
+
+@pytest.mark.parametrize("rows", [4, 32])
+def test_a_rank_late_past_the_wait_limit_traps_the_others(rows):
+    """Rank 3 starts later than the limit: the ranks waiting on its pushes trap (the step fails)
+    instead of hanging; without the bound they would wait for it."""
+    lay = K2Layout(8, 4, 1024, rows)
+    with pytest.raises(Trapped) as trapped:
+        World(lay, [rows], seed=rows, wait_limit=WAIT_LIMIT, late={3: 2 * WAIT_LIMIT}).run()
+    assert trapped.value.args[0] != 3
+    world = World(lay, [rows], seed=rows, late={3: 2 * WAIT_LIMIT})
+    world.run()
+    assert not world.stale, world.stale[:3]

@@ -749,6 +749,8 @@ def compare(op, a, b, fa, fb):
         return a == b
     if op == O.OP_V_CMP_NE_U32 or op == O.OP_V_CMP_NE_I32 or op == O.OP_V_CMP_NE_U64:
         return a != b
+    if op == O.OP_V_CMP_GT_I64:  # the operands' 64 bits as two's complement: a and b as they are
+        return a > b
     if op == O.OP_V_CMP_GT_U32:
         return a > b
     if op == O.OP_V_CMP_GE_U32:
@@ -1006,8 +1008,8 @@ def valu(P, i, w, S, V, T, TF, ex, op):
         write(V, T, w, dst, 3, ex)
         return
     # Compares: the lane bits of active lanes (inactive lanes read 0) into an SGPR pair.
-    if op >= O.OP_V_CMP_EQ_F32 and op <= O.OP_V_CMP_NE_U64:
-        wide = op == O.OP_V_CMP_EQ_U64 or op == O.OP_V_CMP_NE_U64
+    if op >= O.OP_V_CMP_EQ_F32 and op <= O.OP_V_CMP_GT_I64:
+        wide = op == O.OP_V_CMP_EQ_U64 or op == O.OP_V_CMP_NE_U64 or op == O.OP_V_CMP_GT_I64
         if wide:
             read(S, V, T, w, s0, lit, 4, 1)
             read(S, V, T, w, s1, lit, 5, 1)

@@ -84,6 +84,16 @@ def store_scalar(view, index, value, dtype) -> None:
     store(view, index, fx.Vector.filled(1, value, dtype), dtype, 1)
 
 
+def realtime():
+    """s_memrealtime: the device's constant 100 MHz clock (not the shader clock), an i64 every lane
+    reads alike. Read through LLVM's intrinsic, which keeps each call (never hoisted or merged) and
+    waits for its result (`s_waitcnt lgkmcnt(0)`), as vLLM 0.33's in-tree mono (common/ops.py
+    memrealtime, "the 100 MHz device clock") and Triton's AMD backend (hip/utils.py memrealtime)
+    read it on gfx9."""
+    i64 = ir.IntegerType.get_signless(64)
+    return fx.Int64(llvm.call_intrinsic(i64, "llvm.amdgcn.s.memrealtime", [], [], []))
+
+
 def butterfly(value, combine, bits):
     """Combine each lane's value with those of the lanes whose index differs only in `bits`
     (lane-index bit positions); every lane of such a group gets the group's result."""

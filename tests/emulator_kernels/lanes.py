@@ -72,6 +72,15 @@ def quad_swizzle_kernel(X: fx.Tensor, Out: fx.Tensor):
     store_scalar(flat_view(Out), lane, _swizzle(load_scalar(flat_view(X), lane, fx.Int32), QUAD_SWIZZLE), fx.Int32)
 
 
+@flyc.kernel
+def i64_greater_kernel(A: fx.Tensor, B: fx.Tensor, Out: fx.Tensor):
+    """Out[lane] = A[lane] > B[lane] as signed i64 (v_cmp_gt_i64, the K2 peer wait's deadline test)."""
+    lane = fx.thread_idx.x
+    a = load_scalar(flat_view(A), lane, fx.Int64)
+    b = load_scalar(flat_view(B), lane, fx.Int64)
+    store_scalar(flat_view(Out), lane, (a > b).select(1, 0), fx.Int32)
+
+
 @flyc.jit
 def launch_vector_add(A: fx.Tensor, B: fx.Tensor, C: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
     vector_add_kernel(A, B, C).launch(grid=(ADD_GRID, 1, 1), block=(ADD_BLOCK, 1, 1), stream=stream)
@@ -88,8 +97,14 @@ def launch_quad_swizzle(X: fx.Tensor, Out: fx.Tensor, stream: fx.Stream = fx.Str
     quad_swizzle_kernel(X, Out).launch(grid=(1, 1, 1), block=(WAVE, 1, 1), stream=stream)
 
 
+@flyc.jit
+def launch_i64_greater(A: fx.Tensor, B: fx.Tensor, Out: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
+    i64_greater_kernel(A, B, Out).launch(grid=(1, 1, 1), block=(WAVE, 1, 1), stream=stream)
+
+
 KERNELS = (
     MicroKernel("vector_add", tensors("a:float32", "b:float32", "c:float32"), launch_vector_add),
     MicroKernel("cross_lane", tensors("x:int32", "flags:int32", "values:float32", "out:int32"), launch_cross_lane),
     MicroKernel("quad_swizzle", tensors("x:int32", "out:int32"), launch_quad_swizzle),
+    MicroKernel("i64_greater", tensors("a:int64", "b:int64", "out:int32"), launch_i64_greater),
 )

@@ -59,7 +59,9 @@ Contract (M = rows this step, 1 <= M <= spec.max_tokens; flat buffers, row-major
                     by TP rank (entries past tp unused)
        route_ids    [M, 6] int32: a hash layer's experts (tid2eid[input_ids]), read with use_hash
   i32  m, rank, swa_page_stride, swa_block, comp_page_stride, comp_block, bt_stride, per_page,
-       use_hash
+       use_hash, peer_wait_us (how long a cross-rank wait may last, in microseconds of
+       s_memrealtime's 100 MHz clock, before the launch traps; the runner passes the
+       `peer_wait` setting, MONO_JIT_PEER_WAIT, default 30 s)
 
 Why tables: the AMDGPU backend loads every kernel argument in the entry block and keeps it
 live, so with each weight and buffer an argument K2 spilled up to 48 SGPRs; an address read
@@ -139,6 +141,7 @@ class K2Template(Template):
             i("bt_stride", "block_table.stride(0) (CSA)"),
             i("per_page", "compressed entries per page (CSA)"),
             i("use_hash", "1 on a hash layer (experts from route_ids, no bias), else 0"),
+            i("peer_wait_us", "microseconds a cross-rank wait may last before the launch traps (1 or more)"),
         )
 
     def work_buffers(self, spec: Spec) -> tuple[WorkBuffer, ...]:

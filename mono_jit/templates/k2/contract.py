@@ -8,7 +8,8 @@ all-reduces go through the peer buffers the way the kernel's do: this rank's bf1
 stored into every other rank's `mailbox` (at the address `peers` gives for it), then an int64
 tag (this launch's epoch + 1); the rank waits for the 7 tags in its own buffer and sums the 8
 partials in rank order (reference.all_reduce). A rank whose peers never come fails the launch
-after POLL_SECONDS, as the kernel's bounded poll traps.
+after POLL_SECONDS, as the kernel's bounded poll traps (the kernel after `peer_wait_us`, which
+the reference does not take: its ranks are processes sharing a few CPU cores).
 
 Host memory only: the tables hold raw addresses, which a CPU process can read back as tensors
 and a GPU's cannot. On the CPU the peer buffers are shared-memory mappings (runtime/

@@ -31,8 +31,10 @@ Cross-rank hand-offs (gfx950 facts, each from code that runs there):
   8-byte access, so no flag or fence is needed between them.
 - the peer buffers are uncached, fine-grained device memory (runtime/peer.py, as AITER's
   UncachedIpcHeap), so the SC0 SC1 loads see peers' stores without cache maintenance.
-- a poll that has not seen its tag after PEER_POLL_LIMIT rounds traps (s_trap 2): a rank that
-  died mid-step fails the launch instead of hanging the GPU.
+- a poll that has not seen its tag `peer_wait_us` microseconds after it began (s_memrealtime's
+  100 MHz clock, layout.TICKS_PER_US) traps (s_trap 2): a rank that died mid-step fails the
+  launch instead of hanging the GPU, and a rank that is late (host work between K1 and K2) is
+  waited for.
 
 Not run on hardware: there is no AMD GPU here. CI checks that every bucket and ratio compiles
 for gfx950 with no spills or scratch and fits the persistent grid, that the ISA holds the
@@ -53,8 +55,8 @@ from flydsl.expr import const_expr, gpu, range_constexpr
 from ... import model
 from ...spec import Spec
 from .._dsl import (WAVE, butterfly, dsl, flat_view, fresh, fresh_pointer, fresh_scalar, load, load_global,
-                    load_scalar, pointer_code, pointer_load, store, store_scalar, table_entry, table_pointer,
-                    typed_view, word_pointer)
+                    load_scalar, pointer_code, pointer_load, realtime, store, store_scalar, table_entry,
+                    table_pointer, typed_view, word_pointer)
 from .._gemv import Fp8Weight, Mxfp8Rows, gemv_reduce, gemv_steps
 from .._numerics import LOG2E, VEC, bf16_round, e8m0_scale, fp8x4_to_f32, load8_f32, mx_store, rope8
 from .._seam import fold_row, mix_weights, seam_row
@@ -67,7 +69,7 @@ from ..k1.layout import (CTAS, HEAD_DIM, KV_DATA, KV_SCALES, LDS_ACC_WORDS, LDS_
 from ..keytable.kernel import key_table_row
 from ..router.kernel import select_top6
 from . import addressing as k2a
-from .layout import (HEAD_TILE, HEADS_PER_GROUP, LDS_Y_WORDS, PAIR_BYTES, PEER_POLL_LIMIT,
+from .layout import (HEAD_TILE, HEADS_PER_GROUP, LDS_Y_WORDS, PAIR_BYTES, TICKS_PER_US,
                      LDS_MOE_WORDS, PIN_LDS_BYTES, STATE_TABLE, WEIGHT_TABLE)
 from .moe_layout import DOWN_TILES, SHARED_K_PARTS, TOPK, K2MoeLayout
 from . import moe_addressing as ma
@@ -280,22 +282,23 @@ def _peek(buffer, index):
 
 
 @dsl
-def _poll(buffer, indices, tag):
+def _poll(buffer, indices, tag, wait_us):
     """The value words of pairs `indices` of this rank's buffer once every one carries `tag`:
-    all loaded together, all re-loaded while any is stale; a wave whose lanes poll past
-    PEER_POLL_LIMIT rounds traps."""
+    all loaded together, all re-loaded while any is stale; a wave whose lanes still see a stale
+    pair `wait_us` microseconds (s_memrealtime) after the first load traps."""
+    deadline = realtime() + fx.Int64(wait_us) * TICKS_PER_US
     seen = fx.Vector.from_elements([_peek(buffer, i) for i in indices], fx.Int64)
-    polls = fx.Int32(0)
+    late = fx.Int32(0)
     stale = fx.Int32(0)
     for n in range_constexpr(len(indices)):
         stale = stale | ((seen[n] >> 32).to(fx.Int32) != tag).select(1, 0)
-    while (stale != 0) & (polls < PEER_POLL_LIMIT):
+    while (stale != 0) & (late == 0):
         fx.rocdl.s_sleep(1)
         seen = fx.Vector.from_elements([_peek(buffer, i) for i in indices], fx.Int64)
         stale = fx.Int32(0)
         for n in range_constexpr(len(indices)):
             stale = stale | ((seen[n] >> 32).to(fx.Int32) != tag).select(1, 0)
-        polls = polls + 1
+        late = (realtime() > deadline).select(1, 0)
     trap_if(butterfly(stale, fx.max, range(6)))
     return [seen[n].to(fx.Int32) for n in range_constexpr(len(indices))]
 
@@ -357,7 +360,7 @@ def _put_some(peers, mailbox, tp, to, at, bits, tag, valid):
                 _put(_peer_pointer(peers, mailbox, p), at, bits, tag)
 
 
-def _reduce_row(lay, chunk, row, live, mailbox, peers, half_at, rank, tag, y, tid):
+def _reduce_row(lay, chunk, row, live, mailbox, peers, half_at, rank, tag, wait_us, y, tid):
     """S7, threads 0..63: columns 2 tid, 2 tid + 1 of the chunk for `row`, all-reduced, into
     LDS y (0 for a pad row). Two hops: the chunk's owner sums RS and pushes the bf16 sums to
     every rank's AG (pad rows too); the others read AG."""
@@ -365,30 +368,30 @@ def _reduce_row(lay, chunk, row, live, mailbox, peers, half_at, rank, tag, y, ti
     if lay.two_hop:
         sources = [half_at + lay.rs_pair(src, row, col) // PAIR_BYTES for src in range(lay.tp)]
         gathered = half_at + lay.ag_pair(row, col) // PAIR_BYTES
-        _reduce_two_hops(lay.seam_owner(chunk) == rank, live, sources, gathered, mailbox, peers, lay.tp, tag, y,
-                         tid)
+        _reduce_two_hops(lay.seam_owner(chunk) == rank, live, sources, gathered, mailbox, peers, lay.tp, tag,
+                         wait_us, y, tid)
     else:
         sources = [half_at + lay.part_pair(src, row, col) // PAIR_BYTES for src in range(lay.tp)]
-        _reduce_one_hop(live, sources, mailbox, tag, y, tid)
+        _reduce_one_hop(live, sources, mailbox, tag, wait_us, y, tid)
     gpu.barrier()
 
 
 @dsl
-def _reduce_one_hop(live, sources, mailbox, tag, y, tid):
+def _reduce_one_hop(live, sources, mailbox, tag, wait_us, y, tid):
     if tid < SEAM_CHUNK // 2:
         lo, hi = fx.Float32(0.0), fx.Float32(0.0)
         if live:
-            lo, hi = _sum_in_rank_order(_poll(mailbox, sources, tag))
+            lo, hi = _sum_in_rank_order(_poll(mailbox, sources, tag, wait_us))
         fx.memref_store(bf16_round(lo), y, 2 * tid)
         fx.memref_store(bf16_round(hi), y, 2 * tid + 1)
 
 
 @dsl
-def _reduce_two_hops(owner, live, sources, gathered, mailbox, peers, tp, tag, y, tid):
+def _reduce_two_hops(owner, live, sources, gathered, mailbox, peers, tp, tag, wait_us, y, tid):
     if tid < SEAM_CHUNK // 2:
         lo, hi = fx.Float32(0.0), fx.Float32(0.0)
         if live:  # one poll either way: the owner's RS pairs, or the AG pair (read tp times)
-            words = _poll(mailbox, [owner.select(source, gathered) for source in sources], tag)
+            words = _poll(mailbox, [owner.select(source, gathered) for source in sources], tag, wait_us)
             summed, taken = _sum_in_rank_order(words), _bf16_pair_f32(words[0])
             lo, hi = owner.select(summed[0], taken[0]), owner.select(summed[1], taken[1])
         if owner:  # to every rank's AG, its own too (it never reads its own columns there)
@@ -450,7 +453,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
                   Sync: fx.Tensor, Work: fx.Tensor, Mailbox: fx.Tensor, Peers: fx.Tensor, RouteIds: fx.Tensor,
                   m: fx.Int32, rank: fx.Int32, swa_page_stride: fx.Int32, swa_block: fx.Int32,
                   comp_page_stride: fx.Int32, comp_block: fx.Int32, bt_stride: fx.Int32, per_page: fx.Int32,
-                  use_hash: fx.Int32):
+                  use_hash: fx.Int32, peer_wait_us: fx.Int32):
         m = fx.min(fx.max(m, 0), rows)  # a bad m must not write past the bucket or wait on other flags
         tid = fx.thread_idx.x
         lane = tid % WAVE
@@ -597,7 +600,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
                 first = group * SEAM_GROUP
                 for row in range(first, fx.min(first + SEAM_GROUP, rows)):
                     live = row < m
-                    _reduce_row(lay, chunk, row, live, Mailbox, lds_peers, half_at, rank, tag, y, tid)
+                    _reduce_row(lay, chunk, row, live, Mailbox, lds_peers, half_at, rank, tag, peer_wait_us, y, tid)
                     if live:
                         fold_row(residual, post_in, comb_in, r_out, x_at, fx.Int32(1), fn, red, f32,
                                  lay.partials + (row * SEAM_CHUNKS + chunk) * PARTIALS, row, col, stream, tid,
@@ -785,7 +788,8 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
                 first = group * SEAM_GROUP
                 for row in range(first, fx.min(first + SEAM_GROUP, rows)):
                     live = row < m
-                    _reduce_row(lay, chunk, row, live, Mailbox, lds_peers, half_at + moe_words, rank, tag, y, tid)
+                    _reduce_row(lay, chunk, row, live, Mailbox, lds_peers, half_at + moe_words, rank, tag,
+                                peer_wait_us, y, tid)
                     if live & (tid < SEAM_CHUNK):
                         store_scalar(out, row * H + chunk * SEAM_CHUNK + tid, fx.memref_load(y, tid).to(fx.BFloat16),
                                      fx.BFloat16)
@@ -808,10 +812,10 @@ def build(spec: Spec, stages: frozenset[int] = ALL_STAGES) -> Build:
                   Sync: fx.Tensor, Work: fx.Tensor, Mailbox: fx.Tensor, Peers: fx.Tensor, RouteIds: fx.Tensor,
                   m: fx.Int32, rank: fx.Int32, swa_page_stride: fx.Int32, swa_block: fx.Int32,
                   comp_page_stride: fx.Int32, comp_block: fx.Int32, bt_stride: fx.Int32, per_page: fx.Int32,
-                  use_hash: fx.Int32, stream: fx.Stream = fx.Stream(None)):
+                  use_hash: fx.Int32, peer_wait_us: fx.Int32, stream: fx.Stream = fx.Stream(None)):
         kernel(Positions, SlotMapping, SwaIndices, SwaLens, TopK, TokenReq, BlockTable, SwaCache, CompCache, Weights,
                State, Sync, Work, Mailbox, Peers, RouteIds, m, rank, swa_page_stride, swa_block, comp_page_stride,
-               comp_block, bt_stride, per_page, use_hash).launch(
+               comp_block, bt_stride, per_page, use_hash, peer_wait_us).launch(
             grid=(CTAS, 1, 1), block=(THREADS, 1, 1), smem=PIN_LDS_BYTES, stream=stream)
 
     return Build(launch_k2, placeholders(lay))
@@ -833,5 +837,5 @@ def placeholders(lay: K2MoeLayout) -> tuple:
         empty(4 * record_page, u8), empty(4 * record_page, u8), empty(len(WEIGHT_TABLE), i64),
         empty(len(STATE_TABLE), i64), empty(lay.sync_words, i32), empty(lay.work_words, f32),
         empty(lay.peer_bytes // PAIR_BYTES, i64), empty(PEERS, i64), empty(rows * TOPK, i32),
-        rows, 0, record_page, block, record_page, block, 64, block, 0,
+        rows, 0, record_page, block, record_page, block, 64, block, 0, 1,
     )

@@ -101,9 +101,15 @@ LDS_PEER_WORDS = 16  # eight ranks' peer-buffer addresses
 LDS_MOE_WORDS = model.ROUTED_EXPERTS  # S11: the experts' chosen flags, then the union's slots
 STATIC_LDS_BYTES = 4 * (LDS_RED_WORDS + LDS_GATE_WORDS + LDS_ACC_WORDS + LDS_Y_WORDS + LDS_PEER_WORDS + LDS_MOE_WORDS)
 PIN_LDS_BYTES = LDS_PER_CU // 2 + 64 - STATIC_LDS_BYTES
-# A cross-rank wait polls at most this many times (an s_sleep and a fabric round trip each,
-# seconds in all) before it traps: a rank that died mid-step fails the launch, never hangs it.
-PEER_POLL_LIMIT = 1 << 22
+# A cross-rank wait lasts at most the launch's `peer_wait_us` microseconds, measured on
+# s_memrealtime's clock, then traps: a rank that died mid-step fails the launch, never hangs it,
+# while one that is late (vLLM's compressor and indexer run on the host between K1 and K2 and
+# may compile on their first call) is waited for. The clock is the device's fixed-frequency
+# one, 100 MHz on every GFX9-family chip whatever the shader clock (vLLM 0.33's in-tree mono,
+# common/ops.py memrealtime: "the 100 MHz device clock"; LLVM's libc, src/time/gpu/
+# time_utils.h: the cards of the GFX9 ISAs use a 100 MHz clock; the driver reports the real
+# rate as the device's wall-clock rate).
+TICKS_PER_US = 100
 
 # The layer's weights reach K2 as one int64 table (the runner fills one a layer, once: weights
 # do not move): the weights' device addresses, then wo_a's and wo_b's row stride in bytes and
