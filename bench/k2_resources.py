@@ -1,7 +1,8 @@
 """K2's register and memory budget per bucket and ratio at TP8, each build compiled into an
 empty cache through the service: instructions in its listing, VGPRs, AGPRs, SGPRs, LDS, spilled
 registers, scratch, code size and compile time (one job at a time, so the times are per build).
-The last line prints upstream's K2 as issue 10 states it, beside ours.
+The last line prints upstream's K2 (vLLM 0.33's in-tree build, figures measured with the same
+toolchain), beside ours.
 
     .venv/bin/python bench/k2_resources.py [--max-tokens 1,2,4,8,16,32,64] [--jobs 1]
 """

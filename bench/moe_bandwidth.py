@@ -78,7 +78,7 @@ class Step:
 
 def step(rows: int, tp: int) -> Step:
     h = model.HIDDEN
-    inter = model.MOE_INTERMEDIATE // tp  # routed and shared share alike (MODEL.md)
+    inter = model.MOE_INTERMEDIATE // tp  # routed and shared experts are split alike
     k1, k2 = K1Layout(tp, rows), K2Layout(tp, model.CSA_RATIO, model.CSA_INDEX_TOPK, rows)
     per_expert = mxfp4_bytes(2 * inter, h) + mxfp4_bytes(h, inter)
     group_k = k2.heads // k2.groups * HEAD_DIM

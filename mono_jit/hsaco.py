@@ -1,6 +1,7 @@
 """Reading AMDGPU code objects: the ELF header check and the kernel metadata note.
 
-The metadata is the msgpack ``NT_AMDGPU_METADATA`` note (FLYDSL.md, "The code object"):
+The metadata is the msgpack ``NT_AMDGPU_METADATA`` note (LLVM's AMDGPUUsage, "Code Object Metadata";
+FlyDSL's artifact carries it unchanged):
 symbol, kernarg layout, register counts, LDS, scratch, spills and wave size per kernel.
 """
 

@@ -1,4 +1,5 @@
-"""DeepSeek-V4-Pro constants the templates and specs depend on (global widths; MODEL.md)."""
+"""DeepSeek-V4-Pro constants the templates and specs depend on (global widths, from the model's
+config as vLLM 0.33's DeepSeek-V4 model code reads it)."""
 
 HIDDEN = 7168
 HEADS = 128

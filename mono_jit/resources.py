@@ -1,7 +1,7 @@
 """The resource gate: does a kernel fit an MI355X CU, and is it within its scratch budget?
 
 A persistent launch puts one CTA on each of the 256 CUs and every CTA must be resident at once
-(the stages wait on each other). Limits per CU (MODEL.md, CDNA4): 4 SIMDs, 512 VGPR + AGPR per
+(the stages wait on each other). Limits per CU (the CDNA4 ISA guide): 4 SIMDs, 512 VGPR + AGPR per
 lane per SIMD (allocated in granules of 8), at most 8 waves per SIMD, 160 KiB of LDS.
 """
 

@@ -1,7 +1,8 @@
 """The toolchain FlyDSL compiles with, its fingerprint for the cache key, and a clean environment.
 
 FlyDSL's embedded LLVM emits gfx950 code; the only external pieces are ``$ROCM_PATH/llvm/bin/
-ld.lld`` (must link code object v6: LLVM >= 19) and ``$ROCM_PATH/amdgcn/bitcode`` (FLYDSL.md).
+ld.lld`` (must link code object v6: LLVM >= 19) and ``$ROCM_PATH/amdgcn/bitcode`` (where FlyDSL's
+backend looks for them).
 With no ROCm installed we stage a private ROCm-layout root of symlinks inside the writable
 cache and point ``ROCM_PATH`` at it. Nothing here imports FlyDSL or torch: the fingerprint comes
 from FlyDSL's installed RECORD (the sha256 of every file pip installed), so a serving process can

@@ -5,7 +5,7 @@ of the runtime torch uses. A second copy of libamdhip64 keeps separate device st
 and streams of one are invalid in the other), and loading it before torch can abort. So the
 library is the copy already mapped into the process (found in /proc/self/maps, opened with
 RTLD_NOLOAD), as AITER's IPC helpers (`quick_allreduce_ipc._load_hip`) and Triton's AMD driver
-(`driver.c` initSymbolTable, RTLD_NOLOAD first) do; see shared/research/runtime-anchors.md.
+(`driver.c` initSymbolTable, RTLD_NOLOAD first) do.
 
 Facts used here, each from HIP's headers (`hip_runtime_api.h`, `driver_types.h`) and clr:
 - `hipModuleLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra)`; `extra` is

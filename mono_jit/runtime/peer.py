@@ -6,7 +6,7 @@ stores are seen without cache maintenance, rounded to 4 KiB (IPC of uncached all
 2 MiB needs whole pages), zeroed; each rank's 64-byte IPC handle is all-gathered over the TP
 group's gloo group and opened with lazy peer access. This follows AITER's `UncachedIpcHeap`
 (`aiter/ops/flydsl/quick_allreduce_int4_ipc.py`), which vLLM 0.33's in-tree mono uses
-(`mono/common/peer_memory.py`); see shared/research/runtime-anchors.md §2. A rank that fails
+(`mono/common/peer_memory.py`). A rank that fails
 to allocate or open sends None or reports it; the ranks then agree (agree.py) all-or-none.
 """
 

@@ -3,7 +3,7 @@
 vLLM's `MonoDecodeLayer.weights` builds `AttnWeights` and `MonoLayerWeights` by keyword
 (`mono_decode.py:269-306`) from the loaded, preshuffled layer and calls `.check(dims)` on each
 (`dims`: vLLM's `Dims(tp)`; only its `tp` is read here). The widths below are DeepSeek-V4-Pro's
-(`mono_jit.model`, MODEL.md) and the layouts those the note `vllm-integration.md` §3.6 states:
+(`mono_jit.model`) and the layouts those vLLM 0.33's DeepSeek-V4 loader leaves them in:
 FP8 weights as e4m3 with vLLM's padded rows (`VLLM_ROCM_FP8_PADDING`: a row of K bytes, K a
 multiple of 512, is K + 256 bytes apart), `fused_wqa_wkv`, `wo_b` and the shared gate_up in
 AITER's (16, 16) preshuffle, block scales as E8M0 codes repeated over 32 x 32 blocks (vLLM's

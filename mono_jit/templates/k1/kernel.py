@@ -88,7 +88,7 @@ def make_kernel(lay: K1Layout, stages: frozenset[int] = ALL_STAGES):
 
     A build with a subset is a standalone launch of those stages: a stage whose producer is
     left out does not wait for it and reads its inputs from the buffers as the caller prepared
-    them, so each stage can be tested alone against its reference on a GPU (DESIGN.md).
+    them, so each stage can be tested alone against its reference on a GPU or the emulator.
     """
     rows, q_width, row_tiles = lay.rows, lay.q_width, lay.row_tiles
 

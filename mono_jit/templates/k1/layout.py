@@ -225,7 +225,7 @@ class K1Layout:
     def operand_rows(self) -> int:
         """Token rows the GEMVs' B operand reads: whole 16-token tiles. Rows past `rows` are never
         written (their products reach only output columns that are never stored), but they are
-        allocated, so a bucket of 1 reads 16 rows inside the buffer (k1-review F2)."""
+        allocated, so a bucket of 1 reads 16 rows inside the buffer."""
         return self.row_tiles * TILE_N
 
     @property

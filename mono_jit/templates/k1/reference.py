@@ -3,7 +3,7 @@
 Rounding points (where a value becomes bf16) follow vLLM's DeepSeek-V4 path: R after the fold,
 the collapsed seam input, every RMSNorm output, and the outputs of the two GEMVs (vLLM's linear
 layers return bf16). Inside a stage everything is f32. Facts (widths, the Sinkhorn schedule,
-the fp8_ds_mla record) are from ../shared/MODEL.md and vLLM's DeepSeek-V4 model code.
+the fp8_ds_mla record) are from vLLM's DeepSeek-V4 model code.
 """
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ def seam_partials(r: torch.Tensor, fn: torch.Tensor) -> torch.Tensor:
 
 def seam_gate(r: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
               eps: float = EPS) -> Gate:
-    """The 24 mixes of R [M, 4, H] and the gate built from them (MODEL.md, mHC seam)."""
+    """The 24 mixes of R [M, 4, H] and the gate built from them (the mHC seam)."""
     return gate_from_partials(seam_partials(r, fn), r[0].numel(), base, scale, eps)
 
 
