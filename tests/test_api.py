@@ -1,7 +1,7 @@
 """The CLI is a thin face over the Python API (issue 13 item 12): each command calls one
 mono_jit.api function, cli/ reaches into no build, compile, toolchain or worker internals, the
 API does what the commands do, `from mono_jit import resolve` is always the function, and the
-README's API snippet runs as written."""
+docs/usage.md's API snippet runs as written."""
 
 from __future__ import annotations
 
@@ -112,8 +112,8 @@ def test_resolve_from_the_package_is_the_function_even_after_its_module_was_impo
 
 
 def readme_api_snippet() -> str:
-    """The README's "The Python API" code block, as the README has it (so the test cannot drift)."""
-    text = (REPO / "README.md").read_text()
+    """docs/usage.md's "The Python API" code block, as the page has it (so the test cannot drift)."""
+    text = (REPO / "docs" / "usage.md").read_text()
     after = text[text.index("The Python API:"):].split("\n")[1:]
     block = itertools.takewhile(lambda line: not line or line.startswith("    "),
                                 itertools.dropwhile(lambda line: not line.startswith("    "), after))
