@@ -67,9 +67,10 @@ def warm_cache(golden_cache, tmp_path) -> Path:
 
 
 @pytest.fixture
-def golden_pool(warm_cache, monkeypatch) -> Store:
-    """Compiles answered with the golden cache's bytes for the same keys: no compiler runs."""
-    return answer_compiles_from(warm_cache, monkeypatch)
+def golden_pool(golden_cache, monkeypatch) -> Store:
+    """Compiles answered with the golden cache's bytes for the same keys: no compiler runs (the
+    session's golden copy is read, never written, so a test may break its own warm_cache)."""
+    return answer_compiles_from(golden_cache, monkeypatch)
 
 
 @pytest.fixture(scope="session")

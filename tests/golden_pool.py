@@ -19,9 +19,10 @@ PREBUILD = ["prebuild", "--template", "router,keytable", "--ratio", "4,128", "--
 
 
 def answer_compiles_from(cache: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
-    """Replace the worker pool of prebuild, resolve and verify with answers read from `cache`;
-    returns that cache's store. A key `cache` does not hold fails the test by name."""
-    source = Store(settings_at(cache))
+    """Replace the worker pool of prebuild, resolve and verify with answers read from `cache`
+    (looked up read-only: nothing there is stamped or quarantined); returns that cache's store.
+    A key `cache` does not hold fails the test by name."""
+    source = Store(settings_at(cache), read_only=True)
 
     class GoldenPool:
         def __init__(self, *args: object) -> None:
