@@ -92,6 +92,7 @@ print("COMPILED" if r.compiled else "HIT", r.entry.key)
 """
 
 
+@pytest.mark.slow
 def test_four_racing_processes_compile_once(tmp_path):
     env = {**os.environ, "MONO_JIT_CACHE_DIR": str(tmp_path / "race")}
     procs = [subprocess.Popen([sys.executable, "-c", RACE], env=env, stdout=subprocess.PIPE, text=True)

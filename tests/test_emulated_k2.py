@@ -121,6 +121,7 @@ def _read_once_per_chosen_expert(reads: dict[str, dict[str, int]], chosen: int) 
         assert reads[f"r.{name}"]["buffer_read"] == chosen * per_expert[name], f"{name}: read once"
 
 
+@pytest.mark.slow
 def test_s9_to_s17_one_rank_each_hand_off_against_the_reference(setting, codes):
     """The router, union, shared expert and routed experts of one rank in one launch; each
     hand-off against the reference fed the kernel's own hand-off before it, the routed sum against
@@ -169,6 +170,7 @@ def test_s9_to_s17_one_rank_each_hand_off_against_the_reference(setting, codes):
     _bf16_flips(got["shared"].to(torch.bfloat16), want.shared, "shared")  # measured: 1 of 21504
 
 
+@pytest.mark.slow
 def test_s18_pushes_the_rank_partial(setting, codes):
     """S18 alone (every peer address this device's mailbox): the rank's partial, tagged."""
     *_, want = setting
@@ -189,6 +191,7 @@ def test_s18_pushes_the_rank_partial(setting, codes):
     assert (got[m:] == 0).all(), "rows past m push 0"
 
 
+@pytest.mark.slow
 def test_s19_reduces_eight_partials_into_out(setting, codes):
     """S19 alone on a mailbox holding 8 ranks' partials: their f32 sum in rank order, bf16."""
     *_, want = setting

@@ -111,6 +111,7 @@ def readme_python_snippet() -> str:
     return textwrap.dedent("\n".join(block)).strip() + "\n"
 
 
+@pytest.mark.slow
 def test_the_readme_snippet_runs_as_a_plain_script(tmp_path):
     snippet = readme_python_snippet()
     assert "from mono_jit import Spec, resolve" in snippet and "resolve(" in snippet

@@ -52,6 +52,7 @@ def _s5(m, shuffled, seed=4, emulate_tasks=32):
     return out, writes, want
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shuffled", [False, True])
 def test_s3_through_the_kernels_addressing_and_the_mfma_model_matches_the_reference(shuffled):
     m = 5

@@ -228,6 +228,7 @@ def _emulate(w: Expert, expert: int, acts: Mxfp8Scratch, m: int) -> torch.Tensor
     return out[:m]
 
 
+@pytest.mark.slow
 def test_gate_up_through_the_addressing_is_the_dequantised_gemv_interleaved_by_16_row_tiles(w13):
     m, expert = 5, EXPERTS - 1
     acts, x = _activations(m, H, seed=13)

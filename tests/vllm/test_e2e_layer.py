@@ -39,6 +39,8 @@ HERE = Path(__file__).resolve().parent
 RANKS = 8
 TIMEOUT = 1500  # seconds for the 8 processes; they take about 3 minutes on 2 busy cores
 
+pytestmark = pytest.mark.slow  # eight vLLM processes: every test here waits for them
+
 
 def _free_port() -> int:
     with socket.socket() as s:
