@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
-sys.path.insert(0, str(TESTS))  # the K2 test world and its harness
+sys.path[:0] = [str(TESTS), str(TESTS / "support")]  # the K2 test world and its harness
 
 from mono_jit.config import Settings  # noqa: E402
 from mono_jit.resolve import resolve  # noqa: E402
