@@ -1,5 +1,5 @@
 """K2 part two's reference (mono_jit/templates/k2/moe_reference.py) against an independent torch
-formulation of vLLM's MoE math (tests/layer_math.py), written from vLLM's and AITER's sources, not
+formulation of vLLM's MoE math (tests/support/layer_math.py), written from vLLM's and AITER's sources, not
 from the code under test: the sqrt-softplus router as vLLM's dsv4_topk kernel computes it (iterative argmax,
 ties to the lower index), the shared expert as DeepseekV4MLP (block-scaled FP8, clamped SwiGLU),
 the routed experts as a per-token, per-pick fused_moe loop over dequantised MXFP4 weights (A8W4:

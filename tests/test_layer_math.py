@@ -1,4 +1,4 @@
-"""tests/layer_math.py, vLLM's decode layer formulated independently, against vLLM's own torch pieces,
+"""tests/support/layer_math.py, vLLM's decode layer formulated independently, against vLLM's own torch pieces,
 against its own layouts read back, and against mono_jit's references composed (K1 per rank, then
 K2 over the 8 ranks): the bounds the end-to-end test asserts, and what a wrong choice does to them.
 

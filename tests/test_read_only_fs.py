@@ -1,6 +1,6 @@
 """A filled cache whose writable root sits on a read-only file system, one entry missing: the
 hits are reported, the miss fails in one line naming the path and the fix, exit 1; resolve()
-says the same in one line. On a real read-only mount (tests/read_only_mount.py)."""
+says the same in one line. On a real read-only mount (tests/support/read_only_mount.py)."""
 
 from __future__ import annotations
 
