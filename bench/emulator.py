@@ -1,6 +1,6 @@
 """The emulated gfx950's speed on the shipped kernels: K1 at buckets 1 and 8 (one device) and the
 whole K2 at bucket 4, ratio 4, on 8 emulated ranks sharing peer memory (the test world of
-tests/k2_inputs.py, which has 3 rows), each launched once to compile the interpreter and its
+tests/support/k2_inputs.py, which has 3 rows), each launched once to compile the interpreter and its
 caches, then timed. Prints per launch its wave-instructions and wall time, then
 
     wave_instructions_per_s N
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
-sys.path.insert(0, str(TESTS))  # the K2 test world and its harness
+sys.path.insert(0, str(TESTS / "support"))  # the K2 test world and its harness
 
 from mono_jit.config import Settings  # noqa: E402
 from mono_jit.resolve import resolve  # noqa: E402

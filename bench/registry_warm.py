@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))  # the tests' registry starter and counting proxy
+sys.path.insert(0, str(HERE.parent / "tests" / "support"))  # the tests' registry starter and counting proxy
 
 from oci_registry import LocalRegistry, Proxy, registry_available  # noqa: E402
 

@@ -63,7 +63,7 @@ def extract(ir_text: str) -> tuple[bytes, list[dict]]:
 def compile_build(build: "Build") -> tuple[bytes, list[dict]]:
     """(HSACO bytes, launches) of a traced launcher: ``flyc.compile`` with the build's CPU
     placeholders, then `extract`. The one compile path: templates and the emulator's FlyDSL
-    micro-kernels (tests/emulator_kernels) both come through here."""
+    micro-kernels (tests/support/emulator_kernels) both come through here."""
     import flydsl.compiler as flyc
 
     compiled = flyc.compile(build.launcher, *build.placeholders)

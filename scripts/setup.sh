@@ -23,7 +23,7 @@ if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
 need=()
 [ -x /usr/lib/llvm-22/bin/ld.lld ] || need+=(lld-22 llvm-22)
 ls /usr/lib/*/amdgcn/bitcode/ocml.bc >/dev/null 2>&1 || need+=(rocm-device-libs)
-# The registry tier's tests start Debian's OCI registry on 127.0.0.1 (tests/oci_registry.py).
+# The registry tier's tests start Debian's OCI registry on 127.0.0.1 (tests/support/oci_registry.py).
 [ "$with_vllm" = 0 ] || [ -x /usr/bin/docker-registry ] || need+=(docker-registry)
 if [ ${#need[@]} -gt 0 ]; then
   # Wait (up to 10 min) for another apt / dpkg holding its locks instead of failing at once.

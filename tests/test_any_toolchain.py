@@ -90,6 +90,7 @@ def test_an_offline_serving_host_hits_the_build_machines_entries_with_one_log_li
     assert str(warm_cache) in lines[0] and "MONO_JIT_EXACT_TOOLCHAIN=1" in lines[0]
 
 
+@pytest.mark.slow
 def test_a_host_that_can_compile_serves_them_too_and_compiles_only_when_told_exact(warm_cache, serving_bitcode,
                                                                                     tmp_path):
     built, served = fingerprints(warm_cache, serving_bitcode)

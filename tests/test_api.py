@@ -85,6 +85,7 @@ class Recorder:
         self.events.append((event, label))
 
 
+@pytest.mark.slow
 def test_the_api_prebuilds_verifies_with_rebuild_and_explains_without_the_cli(warm_cache):
     settings = settings_at(warm_cache)
     heard = Recorder()
@@ -120,6 +121,7 @@ def readme_api_snippet() -> str:
     return textwrap.dedent("\n".join(block)).strip() + "\n"
 
 
+@pytest.mark.slow
 def test_the_readme_api_snippet_runs_as_written(warm_cache, tmp_path):
     snippet = readme_api_snippet()
     assert snippet.startswith("from mono_jit import Spec, api\n") and "api.verify(rebuild=True)" in snippet

@@ -40,7 +40,7 @@ def test_second_prebuild_is_all_hits(warm_cache):
     assert (summary.compiled, summary.hits, summary.failed) == (0, 3, [])
 
 
-def test_corrupt_entry_is_quarantined_and_recompiled(warm_cache):
+def test_corrupt_entry_is_quarantined_and_recompiled(warm_cache, golden_pool):
     settings = settings_at(warm_cache)
     entry = next(e for e in entries(warm_cache) if e.meta["template"] == "router")
     blob = bytearray((entry.path / "kernel.hsaco").read_bytes())
@@ -92,6 +92,7 @@ print("COMPILED" if r.compiled else "HIT", r.entry.key)
 """
 
 
+@pytest.mark.slow
 def test_four_racing_processes_compile_once(tmp_path):
     env = {**os.environ, "MONO_JIT_CACHE_DIR": str(tmp_path / "race")}
     procs = [subprocess.Popen([sys.executable, "-c", RACE], env=env, stdout=subprocess.PIPE, text=True)

@@ -31,6 +31,7 @@ def test_bad_arguments_exit_2_naming_the_option(args, option):
     assert option in result.output
 
 
+@pytest.mark.slow
 def test_round_trip(warm_cache, tmp_path):
     cache = ["--cache-dir", str(warm_cache)]
     summary = json.loads(run("prebuild", "--max-tokens", "1", "--tp", "8", "--json", *cache,

@@ -19,7 +19,7 @@ from mono_jit.resolve import resolve
 from mono_jit.spec import Spec
 from mono_jit.toolchain import find_linker
 from read_only_mount import read_only_mount
-from test_faults import PREBUILD, golden_pool  # noqa: F401 (the fixture: compiles answered without a compiler)
+from golden_pool import PREBUILD
 
 REQUIRED = {name: [p for p in command.params if p.required] for name, command in main.commands.items()}
 

@@ -39,7 +39,7 @@ def flip_hsaco_byte(entry: Entry) -> None:
 
 # -- -v / -q and progress (item 5) -----------------------------------------------------------
 
-def test_quiet_drops_progress_notes_totals_and_warnings_but_not_data(warm_cache):
+def test_quiet_drops_progress_notes_totals_and_warnings_but_not_data(warm_cache, golden_pool):
     flip_hsaco_byte(router_entry(warm_cache))  # prebuild's lookup quarantines it, with a warning
     loud = invoke(warm_cache, "prebuild", "--template", "keytable", "--ratio", "4", "--max-tokens", "1")
     assert "[1/1] hit keytable(" in loud.stderr and "1 builds: 0 compiled, 1 hits" in loud.stdout
@@ -49,7 +49,7 @@ def test_quiet_drops_progress_notes_totals_and_warnings_but_not_data(warm_cache)
     assert len(listed) == 3 and not any("entries;" in line for line in listed)  # rows, no totals
 
 
-def test_verbose_logs_cache_decisions_and_times_each_job(warm_cache):
+def test_verbose_logs_cache_decisions_and_times_each_job(warm_cache, golden_pool):
     flip_hsaco_byte(router_entry(warm_cache))
     out = invoke(warm_cache, "-v", "prebuild", "--template", "router", "--ratio", "4", "--max-tokens", "1")
     assert f"mono-jit: cache layers: {warm_cache} (writable)" in out.stderr, out.stderr
@@ -61,7 +61,7 @@ def test_verbose_logs_cache_decisions_and_times_each_job(warm_cache):
     invoke(warm_cache, "-v", "-q", "list", code=2)
 
 
-def test_verify_rebuild_reports_each_finished_job_off_a_terminal(warm_cache):
+def test_verify_rebuild_reports_each_finished_job_off_a_terminal(warm_cache, golden_pool):
     out = invoke(warm_cache, "verify", "--rebuild")
     lines = [line for line in out.stderr.splitlines() if line.startswith("[")]
     assert len(lines) == 3 and all(" identical " in line for line in lines), out.stderr

@@ -125,6 +125,7 @@ def _read_once_per_chosen_expert(reads: dict[str, dict[str, int]], chosen: int) 
         assert reads[f"r.{name}"]["buffer_read"] == chosen * per_expert[name], f"{name}: read once"
 
 
+@pytest.mark.slow
 def test_s9_to_s17_one_rank_each_hand_off_against_the_reference(setting, codes):
     """The router, union, shared expert and routed experts of one rank in one launch; each
     hand-off against the reference fed the kernel's own hand-off before it, the routed sum against
@@ -183,6 +184,7 @@ def _s18_inputs(run: K2Run, want: moe.RankMoe) -> None:
     run.region("f32", lay.shared_raw, m * H).copy_(want.shared.float().flatten())
 
 
+@pytest.mark.slow
 def test_s18_pushes_the_rank_partial(setting, codes):
     """S18 alone (every peer address this device's mailbox): the rank's partial, tagged."""
     *_, want = setting
@@ -216,6 +218,7 @@ def _mailbox_for_s19(run: K2Run, partials: list[torch.Tensor], missing: int | No
         words[first: first + lay.rows * H].zero_()
 
 
+@pytest.mark.slow
 def test_s19_reduces_eight_partials_into_out(setting, codes):
     """S19 alone on a mailbox holding 8 ranks' partials: their f32 sum in rank order, bf16."""
     *_, want = setting
@@ -235,6 +238,7 @@ def test_s19_reduces_eight_partials_into_out(setting, codes):
 LATE = 5  # the rank whose pushes are missing or late
 
 
+@pytest.mark.slow
 def test_s19_traps_when_a_peer_never_pushes(setting, codes):
     """S19 alone with rank LATE's partial missing: the poll traps once its time is up (1 ms here)."""
     *_, want = setting
@@ -266,6 +270,7 @@ def _late_peer(setting, codes, moe_to_push, wait_us: int) -> tuple[K2Run, Launch
     return waiting, report
 
 
+@pytest.mark.slow
 def test_s19_waits_for_a_late_peer_within_its_time_and_traps_past_it(setting, codes, moe_to_push):
     """The same late push, two limits. Device 0's polls start at once; rank LATE's pairs come
     after device 1's MoE, thousands of device 0's ticks later. With 30 s the reduce completes

@@ -49,6 +49,7 @@ def test_keytable_code_object_matches_reference(emulator_cache, spec):
     keytable_case(spec, emulated_launcher("keytable", spec, settings_at(emulator_cache)), seed=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bucket", STANDARD_MAX_TOKENS)
 def test_k1_code_object_matches_reference(k1_cache, bucket):
     """m = bucket - 3 rows (all below 8), weights shuffled on even buckets, every output and
@@ -66,6 +67,7 @@ def _k1(k1_cache, bucket: int, shuffled: bool = False, row_pad: int = 256) -> K1
     return run
 
 
+@pytest.mark.slow
 def test_k1_code_object_with_other_row_counts_on_one_sync_area(k1_cache):
     """Consecutive launches of one bucket with m = 6, 2, 8, 1 on the same sync area and scratch:
     each matches the reference, with no flag of the launch before read."""

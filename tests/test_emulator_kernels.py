@@ -1,6 +1,6 @@
 """The emulator on known-answer micro-kernels written in FlyDSL with the templates' helpers and
-compiled by mono-jit's compile path (tests/emulator_kernels): each against an answer computed
-here in torch (or, for the scaled MFMA, tests/mfma_model.py), and two that must fail: an MFMA
+compiled by mono-jit's compile path (tests/support/emulator_kernels): each against an answer computed
+here in torch (or, for the scaled MFMA, tests/support/mfma_model.py), and two that must fail: an MFMA
 fed in the wrong lane order disagrees with the model, and a kernel reading past its tensor
 faults naming the lane and the allocation."""
 

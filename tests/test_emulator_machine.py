@@ -1,4 +1,4 @@
-"""The emulator on small assembled kernels (tests/asm_kernels.py): single instructions against
+"""The emulator on small assembled kernels (tests/support/asm_kernels.py): single instructions against
 answers computed here from AMD's ISA definitions with exact arithmetic, and the machine's
 behaviour (co-resident workgroups, buffer range checks, faults, traps, deadlock reports)."""
 

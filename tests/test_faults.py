@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from cache_settings import settings_at
+from golden_pool import PREBUILD
 from mono_jit.build import BuildJob
 from mono_jit.cache import Entry, Store
 from mono_jit.cli import main
@@ -24,39 +25,6 @@ from mono_jit.resolve import resolve
 from mono_jit.spec import Spec, deployment_grid
 from mono_jit.templates import get
 from mono_jit.toolchain import resolve_toolchain
-from mono_jit.workers import Outcome
-
-# router + keytable at ratio 4 and 128 (8192 = a 1M context), max_tokens 1: cache_settings.SMALL_SPECS,
-# three keys, all in the golden cache.
-PREBUILD = ["prebuild", "--template", "router,keytable", "--ratio", "4,128", "--max-tokens", "1", "--jobs", "1"]
-
-
-@pytest.fixture
-def golden_pool(warm_cache, monkeypatch):
-    """Compile workers replaced by the golden cache's results for the same keys (no compile)."""
-    source = Store(settings_at(warm_cache))
-
-    class GoldenPool:
-        def __init__(self, *args):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            pass
-
-        def run(self, items):
-            for item in items:
-                if item is not None:
-                    entry = source.lookup(item[0], "gfx950")
-                    yield Outcome(item[0], "ok", {"hsaco": entry.hsaco, "launches": entry.meta["launches"],
-                                                  "seconds": 0.0})
-
-    monkeypatch.setattr("mono_jit.prebuild.WorkerPool", GoldenPool)
-    monkeypatch.setattr("mono_jit.workers.WorkerPool", GoldenPool)
-    return source
-
 
 def fail_fsync(monkeypatch, code):
     """Every fsync fails with `code` (where a full disk usually shows: delayed allocation)."""
@@ -143,6 +111,7 @@ def readme_python_snippet() -> str:
     return textwrap.dedent("\n".join(block)).strip() + "\n"
 
 
+@pytest.mark.slow
 def test_the_readme_snippet_runs_as_a_plain_script(tmp_path):
     snippet = readme_python_snippet()
     assert "from mono_jit import Spec, resolve" in snippet and "resolve(" in snippet

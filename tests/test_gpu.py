@@ -104,7 +104,7 @@ def test_k1_launches_with_other_row_counts_on_one_sync_area():
 
 DIRTY_AREA_LAUNCH = """
 import sys, torch
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, {tests!r} + "/support"]
 from test_gpu import _k1_run
 run = _k1_run(4, shuffled=False, row_pad=0)
 step = run.set_step(3, seed=1, do_fold=1)

@@ -1,6 +1,6 @@
 """The whole layer through the runner on 8 MI355X GPUs: K1, a `select` stand-in, K2 with its
 all-reduces through IPC peer buffers, all from the cache through the HIP backend, against
-tests/layer_math.py's independent formulation of vLLM's math (layer_math.BOUNDS, the SWA cache
+tests/support/layer_math.py's independent formulation of vLLM's math (layer_math.BOUNDS, the SWA cache
 byte for byte), for a CSA layer with its bias and a hash HCA layer, two steps in a row each:
 what tests/vllm/test_e2e_layer.py checks of the reference backend on the CPU. Skipped without 8
 gfx950 GPUs; it has never run."""

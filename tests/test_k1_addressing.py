@@ -1,7 +1,7 @@
 """K1's index arithmetic (templates/k1/addressing.py, the same functions the kernel's address
 code is traced from) run on the CPU: the two GEMV stages are emulated MFMA by MFMA through
 those functions, with operand bytes gathered from flat buffers at the offsets the kernel loads,
-and multiplied by an independent model of the scaled MFMA (tests/mfma_model.py, tables from
+and multiplied by an independent model of the scaled MFMA (tests/support/mfma_model.py, tables from
 vLLM's in-tree mono kernels, AITER and Triton). A wrong lane map, piece offset, scale index,
 task decode or split-K slot shows up as wrong or missing outputs; so does the operand layout an
 earlier K1 used (32 contiguous K a lane), which a test here keeps failing on purpose."""
@@ -52,6 +52,7 @@ def _s5(m, shuffled, seed=4, emulate_tasks=32):
     return out, writes, want
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shuffled", [False, True])
 def test_s3_through_the_kernels_addressing_and_the_mfma_model_matches_the_reference(shuffled):
     m = 5

@@ -82,6 +82,7 @@ def test_k1_key_reads_only_tp_and_max_tokens():
     assert "[M, 32, 512]" in next(a.doc for a in k1.arguments(Spec(4, 4, 1024, 8)) if a.name == "q_out")
 
 
+@pytest.mark.slow
 def test_k1_builds_for_another_tp_and_an_odd_bucket(tmp_path):
     """TP16 (8 local heads, 128 wq_b tasks) at 3 rows: the task tables are not tied to TP8 or 2^n."""
     settings = settings_at(tmp_path / "cache")
@@ -101,6 +102,7 @@ def stage_builds():
     return compile_each_stage(Spec(8, 4, 1024, 32))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", range(1, 7))
 def test_each_k1_stage_has_a_standalone_launch(stage_builds, stage):
     """Every stage also builds alone (DESIGN.md: each stage testable by itself on a GPU). A

@@ -120,6 +120,7 @@ def _stage_run(stage: int, break_it: bool = False):
     return run, step, want
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", range(1, 7))
 def test_stage_harness_self_test_accepts_the_reference_stage(stage):
     run, step, want = _stage_run(stage)

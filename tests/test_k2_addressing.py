@@ -1,6 +1,6 @@
 """K2's index arithmetic (templates/k2/addressing.py and the layout's offsets, what the kernel's
 address code is traced from) run on the CPU: wo_a and wo_b emulated MFMA by MFMA through the
-shared operand layout and the independent MFMA model (tests/gemv_model.py, tests/mfma_model.py),
+shared operand layout and the independent MFMA model (tests/support/gemv_model.py, tests/support/mfma_model.py),
 wo_b's pair slots checked against the pushes they must make, and every scratch, record, operand
 and weight access of every bucket and ratio bounded by its region."""
 

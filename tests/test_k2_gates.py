@@ -164,6 +164,7 @@ def stage_builds():
     return compile_each_stage(Spec(8, 4, 1024, 32), "k2")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", range(1, 20))
 def test_each_k2_stage_has_a_standalone_launch(stage_builds, stage):
     """Every stage also builds alone, for the per-stage tests on a GPU: it waits on nothing it

@@ -1,4 +1,4 @@
-"""The gfx950 harness of K2 (tests/k2_harness.py) on the CPU: its tables hold the addresses and
+"""The gfx950 harness of K2 (tests/support/k2_harness.py) on the CPU: its tables hold the addresses and
 integers the kernel reads, in the template's order; its arguments are the template's contract;
 its mailbox filling is what the pushes would write; its comparison accepts the reference and
 rejects a perturbed output. So a GPU run that fails points at the kernel, not the harness."""

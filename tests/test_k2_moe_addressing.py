@@ -1,5 +1,5 @@
 """The routed experts' MXFP4 x MXFP8 GEMVs on the CPU: the fp4 operand of the MFMA model
-(tests/mfma_model.py) against a plain dequantised matmul and against plausible wrong lane layouts,
+(tests/support/mfma_model.py) against a plain dequantised matmul and against plausible wrong lane layouts,
 then an expert's gate / up and down GEMVs emulated MFMA by MFMA through the kernel's addressing
 (templates/k2/moe_addressing.py for the weights, k1/addressing.py for the activations) over
 weights laid out by AITER's shuffles, which are re-implemented here from their documented
@@ -228,6 +228,7 @@ def _emulate(w: Expert, expert: int, acts: Mxfp8Scratch, m: int) -> torch.Tensor
     return out[:m]
 
 
+@pytest.mark.slow
 def test_gate_up_through_the_addressing_is_the_dequantised_gemv_interleaved_by_16_row_tiles(w13):
     m, expert = 5, EXPERTS - 1
     acts, x = _activations(m, H, seed=13)

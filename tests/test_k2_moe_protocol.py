@@ -116,6 +116,7 @@ def world(lay: K2MoeLayout, ms: list[int], seed: int, **kw) -> World:
     return World(lay, ms, seed, needs=moe_needs, **{"program": routed, **kw})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ratio, width, rows", [(4, 1024, 1), (128, 8192, 4), (4, 1024, 32)])
 def test_part_two_launches_on_8_ranks_finish_and_read_only_their_own_words(ratio, width, rows):
     lay = K2MoeLayout(8, ratio, width, rows)
@@ -125,6 +126,7 @@ def test_part_two_launches_on_8_ranks_finish_and_read_only_their_own_words(ratio
     assert all(r.words[EPOCH_WORD] == len(wd.ms) for r in wd.ranks)
 
 
+@pytest.mark.slow
 def test_a_rank_ahead_and_narrow_tags_stay_safe():
     lay = K2MoeLayout(8, 4, 1024, 2)
     wd = world(lay, [2, 1, 1, 2, 1, 1, 1, 1, 2], seed=4, tag_bits=3, ahead=3, lag=CTAS - 1)

@@ -1,5 +1,5 @@
 """K2 part two's reference (mono_jit/templates/k2/moe_reference.py) against an independent torch
-formulation of vLLM's MoE math (tests/layer_math.py), written from vLLM's and AITER's sources, not
+formulation of vLLM's MoE math (tests/support/layer_math.py), written from vLLM's and AITER's sources, not
 from the code under test: the sqrt-softplus router as vLLM's dsv4_topk kernel computes it (iterative argmax,
 ties to the lower index), the shared expert as DeepseekV4MLP (block-scaled FP8, clamped SwiGLU),
 the routed experts as a per-token, per-pick fused_moe loop over dequantised MXFP4 weights (A8W4:
@@ -232,12 +232,14 @@ def hash_layer(gw, x) -> Layer:
     return rank4(gw, x, True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layer", ["bias_layer", "hash_layer"])
 def test_one_ranks_moe_partial_matches_vllms(layer, x, request):
     w, route_ids, want = request.getfixturevalue(layer)
     assert rel(moe.rank_moe(x, w, route_ids).partial, want) < TOLERANCE
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("wrong", ["no_clamp", "natural_softplus", "bias_on_hash_layer", "w13_not_interleaved",
                                    "no_routed_scaling"])
 def test_a_wrong_choice_fails_the_comparison(wrong, gw, x, monkeypatch, request):
@@ -267,11 +269,13 @@ def whole(gw) -> list[moe.K2Result]:
                         [vllm_layout(gw, r) for r in range(TP)])
 
 
+@pytest.mark.slow
 def test_whole_k2_on_8_ranks_matches_vllms_moe(whole, gw):
     seam = whole[0].part_one.seam
     assert rel(whole[0].outputs.out, vllm_moe(seam.x_norm, gw)) < TOLERANCE
 
 
+@pytest.mark.slow
 def test_every_rank_returns_the_same_layer_outputs(whole):
     first = whole[0].outputs
     for result in whole:
@@ -282,6 +286,7 @@ def test_every_rank_returns_the_same_layer_outputs(whole):
         assert torch.equal(result.moe.ids, whole[0].moe.ids)
 
 
+@pytest.mark.slow
 def test_the_outputs_are_what_vllms_hook_returns(whole):
     """out [M, H] bf16; res_out the FFN seam's R [M, 4, H] bf16; post_out [M, 4, 1], comb_out
     [M, 4, 4] (its rows' and columns' sums 1), pre_out [M, 4] f32, pre as MODEL.md defines it."""
@@ -300,6 +305,7 @@ def test_the_outputs_are_what_vllms_hook_returns(whole):
     assert torch.allclose(o.pre_out.double(), pre, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_the_moe_all_reduce_sums_the_ranks_partials_in_rank_order(whole):
     acc = whole[0].moe.partial.float()
     for result in whole[1:]:

@@ -1,5 +1,5 @@
 """K2 part one's torch reference against an independent formulation of vLLM's math (CPU), in the
-world of tests/k2_inputs.py; the independent formulation uses the unsharded weights whole."""
+world of tests/support/k2_inputs.py; the independent formulation uses the unsharded weights whole."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from mono_jit.templates.k1 import reference as k1
 from mono_jit.templates.k2 import reference as ref
 from mono_jit.templates.k1.layout import KV_DATA
 
-# -- the independent formulation (vLLM's math, full width, unsharded weights: tests/layer_math.py) --
+# -- the independent formulation (vLLM's math, full width, unsharded weights: tests/support/layer_math.py) --
 
 def world_attention(wd: World, sink: torch.Tensor) -> torch.Tensor:
     """layer_math.dense_attention over the world's keys (the records each row was built with)."""

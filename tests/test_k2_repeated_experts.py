@@ -43,6 +43,7 @@ def hash_weights(ids: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     return chosen / chosen.sum(1, keepdim=True) * model.ROUTED_SCALING
 
 
+@pytest.mark.slow
 def test_a_repeated_hash_expert_counts_twice(stages):
     union_stage, push_stage = stages
     run = K2Run(world(4), shard(full_weights(), RANK), RANK, BUCKET, "cpu")

@@ -1,4 +1,4 @@
-"""tests/layer_math.py, vLLM's decode layer formulated independently, against vLLM's own torch pieces,
+"""tests/support/layer_math.py, vLLM's decode layer formulated independently, against vLLM's own torch pieces,
 against its own layouts read back, and against mono_jit's references composed (K1 per rank, then
 K2 over the 8 ranks): the bounds the end-to-end test asserts, and what a wrong choice does to them.
 
@@ -137,6 +137,7 @@ def test_block_gemv_and_fp4_decode_against_plain_dequantisation():
     assert torch.equal(lm.dequant_mxfp4(packed, scales), values * torch.exp2(scales.float() - 127).repeat_interleave(32, 1))
 
 
+@pytest.mark.slow
 def test_moe_partials_are_the_per_rank_formulation():
     """The full-width MoE cut per rank equals vLLM's per-rank shared + routed loop (rank_slices)."""
     w = lm.global_weights()
@@ -244,6 +245,7 @@ def case(request):
     return (request.param, *request.getfixturevalue(request.param))
 
 
+@pytest.mark.slow
 def test_decode_layer_matches_the_references_composed(case):
     """CSA (bias routing, a fold, a pad row) and layer 0 (HCA, hash routing, no fold)."""
     name, step, _, mine, theirs = case
@@ -258,6 +260,7 @@ def test_decode_layer_matches_the_references_composed(case):
     assert mine.out.dtype == torch.bfloat16 and mine.post_out.shape == (step.positions.shape[0], 4, 1)
 
 
+@pytest.mark.slow
 def test_pad_rows_write_nothing_and_attend_to_nothing(case):
     _, step, _, mine, _ = case
     pads = [r for r, s in enumerate(step.slot_mapping.tolist()) if s < 0]
@@ -301,6 +304,7 @@ WRONG = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("wrong", sorted(WRONG))
 def test_a_wrong_choice_fails_the_bounds(wrong, csa_case, monkeypatch):
     """decode_layer with one attention choice made wrong (the MoE stubbed: every choice sits before
@@ -324,6 +328,7 @@ MOE_WRONG = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("wrong", sorted(MOE_WRONG))
 def test_a_wrong_moe_choice_fails_the_out_bound(wrong, csa_case, monkeypatch):
     csa_step, ckpt, _, theirs = csa_case

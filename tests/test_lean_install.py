@@ -186,6 +186,7 @@ def test_the_installed_wheel_serves_an_image_layer_with_no_checkout_on_the_path(
     assert hit.returncode == 0 and hit.stdout == "False\n", hit.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_selftest_runs_from_the_installed_wheel(wheel_python, image_layer, tmp_path):
     """No GPU here: selftest says what it could not check (never looking for a source checkout's
     tests); --emulate runs the launch checks that come with the wheel."""

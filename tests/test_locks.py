@@ -163,6 +163,7 @@ print(json.dumps({"compiled": summary.compiled, "hits": summary.hits, "failed": 
 """
 
 
+@pytest.mark.slow
 def test_two_prebuilds_in_opposite_orders_do_not_deadlock(tmp_path):
     env = {**os.environ, "MONO_JIT_CACHE_DIR": str(tmp_path / "cache"), "MONO_JIT_LOCK_TIMEOUT": "40"}
     a, b = tmp_path / "a-holds", tmp_path / "b-holds"

@@ -78,6 +78,7 @@ def test_the_example_serves_packs_its_kernargs_and_matches_its_reference(target,
     assert served["first_row"] and served["second_row_untouched"]
 
 
+@pytest.mark.slow
 def test_a_plain_prebuild_builds_the_plugin_only_when_configured(target, cache):
     plain = [str(MONO_JIT), "prebuild", "--max-tokens", "1", "--ratio", "4", "--json"]
     layer = {name for name in LAYER_TEMPLATES if name in _registered(target)}

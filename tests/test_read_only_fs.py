@@ -1,6 +1,6 @@
 """A filled cache whose writable root sits on a read-only file system, one entry missing: the
 hits are reported, the miss fails in one line naming the path and the fix, exit 1; resolve()
-says the same in one line. On a real read-only mount (tests/read_only_mount.py)."""
+says the same in one line. On a real read-only mount (tests/support/read_only_mount.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from mono_jit.errors import MonoJitError
 from mono_jit.resolve import resolve
 from mono_jit.spec import Spec
 from read_only_mount import read_only_mount
-from test_faults import PREBUILD, golden_pool  # noqa: F401 (the fixture: no real compile)
+from golden_pool import PREBUILD
 
 MISSING = Spec(8, 4, 1024, 1)  # keytable at ratio 4: the entry taken out before the mount turns read-only
 

@@ -50,6 +50,7 @@ def test_a_damaged_blob_is_refused_offline(fault, says, warm_cache, tmp_path, oc
     nothing_published(tmp_path / "host")
 
 
+@pytest.mark.slow
 def test_a_corrupt_blob_falls_back_to_compiling(warm_cache, tmp_path, oci_proxy, caplog):
     ref = pushed(oci_proxy, warm_cache)
     oci_proxy.fault = "corrupt"

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from cache_settings import SMALL_SPECS, settings_at
 from oci_registry import new_ref, oci_proxy, oci_registry, pushed, remote_env  # noqa: F401  (fixtures)
 
@@ -57,6 +58,7 @@ print(json.dumps({"compiled": r.compiled, "key": r.entry.key}))
 """
 
 
+@pytest.mark.slow
 def test_eight_ranks_missing_the_same_key_fetch_it_once(warm_cache, tmp_path, oci_proxy):
     ref = pushed(oci_proxy, warm_cache)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MONO_JIT_")}
@@ -71,6 +73,7 @@ def test_eight_ranks_missing_the_same_key_fetch_it_once(warm_cache, tmp_path, oc
     assert oci_proxy.counts["GET manifest"] == 1 and oci_proxy.counts["GET blob"] == 1, dict(oci_proxy.counts)
 
 
+@pytest.mark.slow
 def test_a_compiled_miss_is_pushed_when_allowed(tmp_path, oci_proxy):
     ref = new_ref(oci_proxy)
     spec = Spec(8, 4, 1024, 2)
@@ -84,6 +87,7 @@ def test_a_compiled_miss_is_pushed_when_allowed(tmp_path, oci_proxy):
     assert oci_proxy.counts["GET blob"] == 1
 
 
+@pytest.mark.slow
 def test_without_push_allowed_nothing_is_written_to_the_registry(warm_cache, tmp_path, oci_proxy):
     ref = new_ref(oci_proxy)  # names nothing yet: the miss compiles, and nothing is pushed
     settings = settings_at(tmp_path / "host", **remote_env(oci_proxy, ref))

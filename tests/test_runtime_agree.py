@@ -62,12 +62,14 @@ def _runner_on_rank(rank, world, group, failing):
     return runner.declined
 
 
+@pytest.mark.slow
 def test_one_failing_rank_of_eight_makes_every_rank_fall_back():
     declined = _run_ranks(_runner_on_rank, 8, 3)
     assert all(d == declined[0] for d in declined), declined
     assert declined[0] == "rank 3: RuntimeError: no kernels for this build"
 
 
+@pytest.mark.slow
 def test_eight_healthy_ranks_agree_to_run():
     assert _run_ranks(_runner_on_rank, 8, -1) == [None] * 8
 
@@ -105,6 +107,7 @@ def _exchange_on_rank(rank, world, group, broken):
     return (memory.addresses, memory.local.numel()) if memory else (why, hip.closed, hip.freed)
 
 
+@pytest.mark.slow
 def test_peer_memory_is_exchanged_in_rank_order():
     got = _run_ranks(_exchange_on_rank, 3, -1)
     for rank, (addresses, size) in enumerate(got):
@@ -112,6 +115,7 @@ def test_peer_memory_is_exchanged_in_rank_order():
         assert addresses == [0x1000 * (rank + 1) if peer == rank else 0x100000 + peer for peer in range(3)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("broken", [0, 2])
 def test_a_rank_that_cannot_open_peer_memory_releases_it_on_every_rank(broken):
     got = _run_ranks(_exchange_on_rank, 3, broken)

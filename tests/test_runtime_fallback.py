@@ -62,6 +62,7 @@ def _faulty_runner(rank, world, group, fault, tmp):
     return runner.declined, out[:4], step.selected, warnings, bool(runner.kernels)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault, reason", [
     ("offline miss", f"rank {FAULTY}: "),
     ("corrupt", f"rank {FAULTY}: RuntimeError: hipModuleLoadData failed: HIP error 200 (invalid kernel image)"),

@@ -28,6 +28,7 @@ def _staged_roots(root: Path) -> list[Path]:
     return [p for p in (root / "v1" / "toolchain").iterdir() if p.is_dir() and not p.name.startswith(".")]
 
 
+@pytest.mark.slow
 def test_a_dereferenced_copy_hits_then_compiles_again(golden_cache, tmp_path):
     root = tmp_path / "copy"
     shutil.copytree(golden_cache, root, symlinks=False)  # what cp -rL or a careless image build does

@@ -64,7 +64,7 @@ def unsigned_byte(byte):
     signed; flydsl/expr/numeric.py, Integer.__init__), so that sign-extends (buffer_load_sbyte)
     and a code of 128 or more came out negative: a negative scale in S2's 2^(code - 127) (issue
     23). The scaled MFMA reads one byte of its scale operands, so there it did no harm, but every
-    code takes this one path and none is signed anywhere (tests/byte_loads.py gates the ISA)."""
+    code takes this one path and none is signed anywhere (tests/support/byte_loads.py gates the ISA)."""
     return fx.Int32(arith.extui(ir.IntegerType.get_signless(32), fx.Uint8(byte).ir_value()))
 
 

@@ -3,7 +3,7 @@ weights with 128 x 128 E8M0 block codes (row-major or AITER-preshuffled) times M
 rows, 16 weight rows x 16 tokens per v_mfma_scale_f32_16x16x128_f8f6f4.
 
 The operand layout is k1/addressing.py's (cited there from vLLM's, Triton's and AITER's gfx950
-code, and tested through tests/mfma_model.py): K1's two GEMVs and K2's wo_a and wo_b all build
+code, and tested through tests/support/mfma_model.py): K1's two GEMVs and K2's wo_a and wo_b all build
 their operands here, so one layout serves both launches.
 """
 

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent)]
+sys.path[:0] = [str(HERE), str(HERE.parent / "support")]
 os.environ["VLLM_TARGET_DEVICE"] = "cpu"
 os.environ["MONO_JIT_BACKEND"] = "reference"
 

@@ -1,6 +1,6 @@
 """The end-to-end test's world, shared by the rank processes (e2e_rank.py) and the checking test
 (test_e2e_layer.py): the layers' checkpoints, the decode steps' plans and the KV caches' contents.
-Pure torch and tests/layer_math.py; nothing here imports vLLM or mono_jit's runtime.
+Pure torch and tests/support/layer_math.py; nothing here imports vLLM or mono_jit's runtime.
 
 Five layers, V4-Pro's first five kinds (cpu_vllm.LAYER_KINDS): 0 HCA with hash routing and no
 fold (the first layer), 1 HCA hash, 2 CSA hash, 3 HCA, 4 CSA. Their big weights (wqkv, wq_b, wo_a,

@@ -6,7 +6,7 @@ templates' torch references; K2's all-reduces through shared-memory peer buffers
 processes), for three decode steps of five layers: the first layer (no fold), hash layers,
 CSA layers (top-k through the block table), HCA layers (global slots, the deployment's width
 8192 with vLLM's active 128), a graph-pad row. What they return is checked here against
-tests/layer_math.py, an independent torch formulation of vLLM's layer math, on the very inputs
+tests/support/layer_math.py, an independent torch formulation of vLLM's layer math, on the very inputs
 each layer got (the previous layer's outputs), and the SWA caches byte for byte.
 
 Bounds: layer_math.BOUNDS, relative norm errors over the live rows, and why they follow from
@@ -14,7 +14,7 @@ the MXFP8 quantisation. Measured here (worst of the 15 cases, printed in the sum
 6e-5, qr 2.5e-4, res_out 2e-3, post_out / comb_out 1e-3, out 2.9e-2 (layer 0 of step 0: y 2.5e-3
 off from the formulations' summation orders, which flips 15% of res_out's bf16 roundings and
 decorrelates the MoE's MXFP8 codes); SWA records 0.06% of bytes one code off. The runner itself
-adds nothing: on step 1 it equals the references composed bit for bit (tests/composed.py).
+adds nothing: on step 1 it equals the references composed bit for bit (tests/support/composed.py).
 
 Stood in (they cannot run on a CPU, e2e_rank.py says how): vLLM's compressor and indexer, and
 vLLM's original layer path, whose use fails the run.
@@ -38,6 +38,8 @@ from mono_jit import model
 HERE = Path(__file__).resolve().parent
 RANKS = 8
 TIMEOUT = 1500  # seconds for the 8 processes; they take about 3 minutes on 2 busy cores
+
+pytestmark = pytest.mark.slow  # eight vLLM processes: every test here waits for them
 
 
 def _free_port() -> int:
@@ -121,7 +123,7 @@ def test_e2e_layer_through_vllms_hook_matches_vllms_math(ranks, checkpoints, mea
 def test_e2e_the_runner_returns_its_references_composed_bit_for_bit(ranks, checkpoints, layer):
     """Step 1 (a graph-pad row), every layer kind: through vLLM's hook, the runner's argument path
     (tables, peer buffers, output sets, HCA slots) changes nothing: its outputs, pad rows included,
-    and the SWA cache equal mono_jit's references composed over the 8 ranks (tests/composed.py),
+    and the SWA cache equal mono_jit's references composed over the 8 ranks (tests/support/composed.py),
     bit for bit. What the bounds above leave is the two formulations' rounding, not the runner."""
     record = ranks[0]["steps"][1]
     entry = record["layers"][layer]

@@ -1,7 +1,7 @@
 """Calibration on hardware-proven code (issue 22 part 8): vLLM 0.33's own mono K1, which runs on
 MI355X, built through mono-jit's plug-in protocol (tests/vllm/upstream_k1.py) to the bytes
 ../shared/research/upstream-kernels.md lists, then run on the emulator as vLLM's runner launches
-it and held against tests/layer_math.py's formulation of its math (tests/vllm/upstream_k1_run.py).
+it and held against tests/support/layer_math.py's formulation of its math (tests/vllm/upstream_k1_run.py).
 Agreement is the evidence that the emulator's MFMAs and memory model are the hardware's.
 
 Needs AITER's FlyDSL helpers: MONO_JIT_AITER_HELPERS names their folder (.ci/run points it at

@@ -1,4 +1,4 @@
-"""tests/layer_math.py against vLLM's own torch references, imported in this folder so that vLLM
+"""tests/support/layer_math.py against vLLM's own torch references, imported in this folder so that vLLM
 resolves its platform under the CPU host of conftest.vllm_host (an import of vLLM before it would
 fix the platform as unspecified for the whole session)."""
 

@@ -1,5 +1,5 @@
 """Run vLLM 0.33's K1 code object (tests/vllm/upstream_k1.py builds it) on an emulated gfx950 the way
-vLLM's mono/runner.py launches it, and hold its outputs against tests/layer_math.py's formulation of
+vLLM's mono/runner.py launches it, and hold its outputs against tests/support/layer_math.py's formulation of
 the same math (`attention_seam`, `qkv_norms`, `query`).
 
 `K1Buffers` allocates what `MonoRunner.forward` passes K1 for one step of TP rank 0, sized by

@@ -26,7 +26,7 @@ Result lane l element e is D[4 (l / 16) + e, l % 16]. Sources (read for this mod
     which multiply correctly only if the hardware reads fp8 words 4-7 as K 64 + 16 g.
 FlyDSL's CDNA4 atom (MmaAtom.cpp, 32 contiguous K a lane) disagrees; an earlier K1 followed it
 and misapplied per-32 activation scales. The test model
-of the hardware (tests/mfma_model.py) is written from the sources above, not from this module.
+of the hardware (tests/support/mfma_model.py) is written from the sources above, not from this module.
 K1 puts 16 weight rows in operand A and 16 tokens in operand B.
 """
 

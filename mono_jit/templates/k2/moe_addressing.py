@@ -2,7 +2,7 @@
 lane of the scaled MFMA reads. Like k1/addressing.py, plain + - * // % on ints, torch tensors or
 FlyDSL values: the kernel's address code is traced from these functions, and the CPU tests
 (tests/test_k2_moe_addressing.py) emulate an expert's GEMVs through them and the independent
-MFMA model (tests/mfma_model.py) and bound every offset.
+MFMA model (tests/support/mfma_model.py) and bound every offset.
 
 The MFMA (v_mfma_scale_f32_16x16x128_f8f6f4): the fp4 weights are operand A, format code
 cbsz = 4 (e2m1), the MXFP8 activations operand B, blgp = 0 (e4m3), as vLLM 0.33's in-tree mono

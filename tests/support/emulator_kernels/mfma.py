@@ -1,6 +1,6 @@
 """One v_mfma_scale_f32_16x16x128_f8f6f4 a launch through templates/_gemv.py's `mfma`: each lane
 feeds the operand registers and E8M0 scale bytes it is given (fp8 x fp8, or fp4 A x fp8 B as
-K2's routed experts), so the test can hold the result against tests/mfma_model.py. The
+K2's routed experts), so the test can hold the result against tests/support/mfma_model.py. The
 "transposed" variant feeds lane l the bytes meant for lane 4 (l % 16) + l / 16 (a row-major
 lane order instead of the hardware's lane = 16 group + row): a wrong layout the model rejects.
 

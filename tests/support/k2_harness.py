@@ -1,4 +1,4 @@
-"""K2's buffers for one rank and one bucket, a step of the test world (tests/k2_inputs.py), the
+"""K2's buffers for one rank and one bucket, a step of the test world (tests/support/k2_inputs.py), the
 launch arguments in the template's order, and the comparison with the reference. The gfx950
 tests (tests/test_gpu_k2.py) launch through it; the CPU tests check its tables, its argument
 order and that its comparison accepts the reference and rejects a perturbed output."""

@@ -2,7 +2,7 @@
 7168, 8 ranks), few rows and keys; records in the real fp8_ds_mla encoding (K1's kv_record /
 kv_insert) in a paged SWA cache and a paged compressed cache; weights in vLLM's per-rank layouts
 (wo_a rows padded by 256 bytes of e4m3 NaN, wo_b AITER-preshuffled, E8M0 block scales) cut from
-unsharded ones. tests/test_k2_reference.py and the gfx950 harness (tests/k2_harness.py) use it.
+unsharded ones. tests/test_k2_reference.py and the gfx950 harness (tests/support/k2_harness.py) use it.
 
 The KV values are KV_GAIN times a normed kv's and q is 1 / KV_GAIN times a normed q: every score
 q . k, and so the softmax, is the normed world's exactly (powers of two), while the records'
