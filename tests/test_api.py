@@ -1,4 +1,4 @@
-"""The CLI is a thin face over the Python API (issue 13 item 12): each command calls one
+"""The CLI is a thin face over the Python API: each command calls one
 mono_jit.api function, cli/ reaches into no build, compile, toolchain or worker internals, the
 API does what the commands do, `from mono_jit import resolve` is always the function, and the
 docs/usage.md's API snippet runs as written."""

@@ -1,4 +1,4 @@
-"""Bundles that can be pinned (issue 26 item 6): two exports of one cache are the same bytes,
+"""Bundles that can be pinned: two exports of one cache are the same bytes,
 whatever the files' times, the bundle's name or the moment; `export` prints the bundle's
 sha256 (and puts it in --json), and `import --sha256` accepts that digest."""
 

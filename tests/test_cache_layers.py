@@ -1,4 +1,4 @@
-"""Every layer's copy on its own (issue 9, item 9): a bad copy of a key in a read-only layer
+"""Every layer's copy on its own: a bad copy of a key in a read-only layer
 never hides the good copy in the writable layer from verify, list, inspect, export, gc or clear."""
 
 import json

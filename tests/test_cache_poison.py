@@ -1,4 +1,4 @@
-"""Poison entries and bit flips (issue 9, items 3 and 4): a malformed meta.json, a FIFO, a link
+"""Poison entries and bit flips: a malformed meta.json, a FIFO, a link
 to /dev/zero or one flipped bit anywhere in an entry is a corrupt entry (quarantined in the
 writable layer, skipped in a read-only one), never a hang, a memory blow-up, a traceback or a
 changed entry served."""

@@ -1,4 +1,4 @@
-"""Trust from each root to each file (issue 9, items 2 and 6): links, modes and owners planted
+"""Trust from each root to each file: links, modes and owners planted
 at every level of a cache never get an entry served, a refused level is reported once by name
 and reason, a good writable copy still serves, and odd umasks never make the cache refuse
 itself."""

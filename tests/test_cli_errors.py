@@ -1,4 +1,4 @@
-"""One-line errors and one vocabulary (issue 13, items 7 and 8): a bad path, a malformed
+"""One-line errors and one vocabulary: a bad path, a malformed
 setting or an empty option is one line naming the value and what was expected."""
 
 from __future__ import annotations

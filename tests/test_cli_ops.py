@@ -1,4 +1,4 @@
-"""The operator's side of the CLI (issue 13 items 5-8): -v / -q, verify --rebuild progress,
+"""The operator's side of the CLI: -v / -q, verify --rebuild progress,
 explain on corrupt entries and the kinds of miss, unreadable roots in one line, one vocabulary
 (template errors, --max-model-len, JSON schemas, no Python reprs)."""
 

@@ -1,7 +1,7 @@
 """K2's MoE (stages 9-19) on the emulated gfx950 against moe_reference, and the whole K2 on 8
 emulated ranks (slow).
 
-Issue 25's finding: the whole K2 (bucket 4, ratio 4, a 384-expert layer with 16 experts
+A finding: the whole K2 (bucket 4, ratio 4, a 384-expert layer with 16 experts
 reachable) on 8 emulated ranks wrote an `out` up to 3.73 off (mean 0.374; |out| averages 17.9)
 from moe_reference.k2_ranks on every rank. Not a MoE defect: every MoE stage agrees with the
 reference fed the kernel's own hand-off, and that `out` was bit for bit the reference's MoE on

@@ -169,7 +169,7 @@ def test_fp8_and_bf16_conversions(kernels):
 
 def test_a_ue8m0_byte_widens_to_its_code_and_scale(kernels):
     """_dsl.load_code, every template's path for a scale code: 128 and above stay positive (a
-    plain Uint8.to(Int32) sign-extends: issue 23's defect, which this test failed on)."""
+    plain Uint8.to(Int32) sign-extends: K2's scale codes were read so, which this test failed on)."""
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
     widened, scales = torch.zeros(256, dtype=torch.int32), torch.zeros(256)
     kernels["byte_codes"].launch(_machine({"codes": codes}, widened=widened, scales=scales),

@@ -1,5 +1,5 @@
 """Faults a careless operator meets: full, read-only and file-blocked disks during prebuild and
-resolve(), a script without a __main__ guard, offline misses (issue 9). Compiles are answered
+resolve(), a script without a __main__ guard, offline misses. Compiles are answered
 from the golden cache's bytes where the fault, not the compile, is under test."""
 
 import errno

@@ -90,8 +90,8 @@ def test_k1_matches_reference(m, bucket, do_fold, shuffled):
 
 
 def test_k1_launches_with_other_row_counts_on_one_sync_area():
-    """Consecutive launches of one bucket with m = 6, 2, 8, 1 on the same sync area and scratch
-    (k1-review F3): each matches the reference, with no flag of the launch before read."""
+    """Consecutive launches of one bucket with m = 6, 2, 8, 1 on the same sync area and scratch:
+    each matches the reference, with no flag of the launch before read."""
     run = _k1_run(8, shuffled=False, row_pad=256)
     for launch, m in enumerate((6, 2, 8, 1), start=1):
         step = run.set_step(m, seed=40 + m, do_fold=1)

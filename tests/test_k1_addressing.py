@@ -72,7 +72,7 @@ def test_s5_through_the_kernels_addressing_and_the_mfma_model_matches_the_refere
 def test_the_mfma_model_rejects_the_contiguous_32_layout(monkeypatch):
     """The layout K1 had before (lane group g: K 32 g .. 32 g + 31 of the step, with block g's
     scale) puts the activations' per-32 scales on the wrong K under the hardware's layout; the
-    model must see that (about 28 % relative error on realistic activations, k1-review F1)."""
+    model must see that (about 28 % relative error on realistic activations)."""
     monkeypatch.setattr(ad, "operand_pieces", lambda step, lane: (step * 128 + (lane // 16) * 32,
                                                                    step * 128 + (lane // 16) * 32 + 16))
     m = 2

@@ -3,7 +3,7 @@ each access can touch, computed over all tasks, waves, steps, lanes and row tile
 addressing functions the kernel traces (addressing.py), against the buffer's size in the
 contract (K1Layout for the scratch, the weight shapes vLLM passes). Buffer resources carry real
 sizes too (_dsl.flat_view), so a read past the end would read 0 rather than fault, but K1 must
-not rely on that (k1-review F2: buckets 1-8 read up to 105 KB past work_u8)."""
+not rely on that (buckets 1-8 read up to 105 KB past work_u8)."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def test_gemv_stores_stay_inside_their_scratch_regions(rows):
 
 def test_the_bounds_test_sees_the_reads_the_review_found():
     """Before operand rows were padded to whole tiles, bucket 1's S3 read x codes up to
-    114,688 bytes into a 8,976-byte work_u8 (k1-review F2); the same arithmetic over an unpadded
+    114,688 bytes into a 8,976-byte work_u8; the same arithmetic over an unpadded
     layout must say so."""
     lay = K1Layout(8, 1)
     e = _operand_extent(lay, 3)

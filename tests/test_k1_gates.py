@@ -105,7 +105,7 @@ def stage_builds():
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", range(1, 7))
 def test_each_k1_stage_has_a_standalone_launch(stage_builds, stage):
-    """Every stage also builds alone (DESIGN.md: each stage testable by itself on a GPU). A
+    """Every stage also builds alone (each stage testable by itself on a GPU). A
     standalone stage waits on nothing (it reads prepared inputs), still publishes its flags and
     advances the epoch, and the GEMV stages keep their MFMAs."""
     hsaco, launches = stage_builds[stage]

@@ -3,7 +3,7 @@
 scheduling, on a sync area with the words templates/_sync.py uses. Each flag remembers which
 launch wrote it, so a wait that passes on an earlier launch's flag is seen.
 
-What must hold (k1-review F3): a launch that ends normally never read an earlier launch's
+What must hold: a launch that ends normally never read an earlier launch's
 flag, whatever the launches before it did, including one cut short at any point and one with
 another row count; where an earlier launch left the area dirty, the new launch traps."""
 
@@ -117,7 +117,7 @@ def test_a_launch_cut_short_is_followed_by_a_trap_or_a_clean_launch(seed):
 
 def test_without_the_arrival_check_an_aborted_launch_leaks_stale_flags():
     """The check is what makes the previous test pass: with it off, some cut point lets the next
-    launch pass its waits on the aborted launch's flags (the hazard the review found)."""
+    launch pass its waits on the aborted launch's flags (the hazard this guards against)."""
     lay = K1Layout(8, 8)
     leaked = 0
     for seed in range(12):

@@ -269,7 +269,7 @@ def test_seam_partials_add_up_to_the_whole_row():
 
 def test_random_norm_weights_reach_the_outputs():
     """K1's inputs carry random q_norm / kv_norm weights, so a swapped or misindexed weight
-    changes qr and the KV record (k1-review T2)."""
+    changes qr and the KV record."""
     m = 2
     w = random_weights()
     assert w.q_norm.float().std() > 0.1 and w.kv_norm.float().std() > 0.1

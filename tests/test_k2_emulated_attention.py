@@ -1,6 +1,6 @@
 """K2's stages 1-3 (key table, split sparse MQA with sink, merge, inverse RoPE, MXFP8) as a
 standalone launch on the emulated gfx950, against the reference, for both ratios: the test
-world's records carry UE8M0 codes 127..129, so a code read sign-extended (issue 23, part 2)
+world's records carry UE8M0 codes 127..129, so a code read sign-extended
 flips the sign of its 64 dims and fails the comparison. tests/test_gpu_k2.py runs the same
 check on a gfx950. The same stages also run with both caches past 4 GiB (a sparse file), the
 records at byte offsets past 2^32. Skipped without the emulate extra."""

@@ -27,7 +27,7 @@ from mono_jit.templates.k2.layout import PIN_LDS_BYTES, STATIC_LDS_BYTES, K2Layo
 RATIOS = {4: 1024, 128: 8192}
 BUILDS = [(ratio, rows) for ratio in RATIOS for rows in STANDARD_MAX_TOKENS]
 # Upstream's K2 (vLLM 0.33's in-tree mono, FlyDSL 0.5.0, this machine kind): 256 VGPRs, 9-86
-# spilled VGPRs and up to 196 B of scratch across widths 1-64 (issue 10's figures).
+# spilled VGPRs and up to 196 B of scratch across widths 1-64 (as measured with the same toolchain).
 UPSTREAM_VGPRS = 256
 
 

@@ -289,7 +289,7 @@ def test_every_rank_returns_the_same_layer_outputs(whole):
 @pytest.mark.slow
 def test_the_outputs_are_what_vllms_hook_returns(whole):
     """out [M, H] bf16; res_out the FFN seam's R [M, 4, H] bf16; post_out [M, 4, 1], comb_out
-    [M, 4, 4] (its rows' and columns' sums 1), pre_out [M, 4] f32, pre as MODEL.md defines it."""
+    [M, 4, 4] (its rows' and columns' sums 1), pre_out [M, 4] f32, pre as the mHC seam defines it."""
     result = whole[0]
     o, seam = result.outputs, result.part_one.seam
     m = seam.r.shape[0]

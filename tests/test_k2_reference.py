@@ -97,7 +97,7 @@ def test_attention_matches_dense_softmax_with_sink(wd, weights):
 
 
 def test_the_records_codes_cross_a_bytes_sign_bit_and_read_unsigned(wd):
-    """The keys' UE8M0 codes lie on both sides of 128 (issue 23: a code read sign-extended, as
+    """The keys' UE8M0 codes lie on both sides of 128 (a code read sign-extended, as
     buffer_load_sbyte reads it, is a negative scale that flips its 64 dims), and the reference
     reads them unsigned: each NoPE value has its e4m3 byte's sign and the world's magnitude."""
     x = wd.inputs

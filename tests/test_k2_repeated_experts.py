@@ -1,4 +1,4 @@
-"""A hash layer's row that names one expert twice (issue 23, part 4), on the emulated gfx950.
+"""A hash layer's row that names one expert twice, on the emulated gfx950.
 
 vLLM's FusedMoE counts every (token, k) entry of the top-k: its down outputs are [M, topk, K]
 and moe_sum adds the topk rows (vllm/model_executor/layers/fused_moe/fused_moe.py:1863), so a

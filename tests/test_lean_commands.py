@@ -1,4 +1,4 @@
-"""explain, inspect, list and verify on a lean host (no torch, FlyDSL or numpy; issue 13 item 4):
+"""explain, inspect, list and verify on a lean host (no torch, FlyDSL or numpy):
 they work from the toolchains recorded in the layers and say what they cannot do there."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The compile locks under attack and faults: planted symlinks, shared or foreign lock folders,
-odd umasks, killed holders, and two prebuilds taking keys in opposite orders (issue 9)."""
+odd umasks, killed holders, and two prebuilds taking keys in opposite orders."""
 
 import fcntl
 import json

@@ -1,4 +1,4 @@
-"""`mono-jit prebuild --check` (issue 26 item 4): the deployment's whole default grid resolved
+"""`mono-jit prebuild --check`: the deployment's whole default grid resolved
 offline from the layers, with FlyDSL unimportable, each miss printed with why, exit 1 on any
 miss, --json; it builds, fetches and writes nothing."""
 

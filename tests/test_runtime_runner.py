@@ -102,7 +102,7 @@ def test_hook_tensors_that_do_not_fit_are_refused_by_name(weights):
 @pytest.mark.parametrize("cache", ["swa_cache", "comp_cache"])
 def test_a_page_stride_off_the_16_byte_chunks_is_refused_by_name(weights, cache):
     """The kernels read a record's bytes as 16-byte chunks of the cache (offset // 16): a page
-    stride that is not a multiple of 16 would read other bytes without a sign (issue 23)."""
+    stride that is not a multiple of 16 would read other bytes without a sign."""
     runner = front_runner()
     step = hook_step(weights, 2, False)
     stride = 64 * 584 + 8

@@ -1,8 +1,8 @@
-"""Hit / miss / compile counters (issue 13 item 5, ccache's `-s`): counted by resolve and
+"""Hit / miss / compile counters (as ccache's `-s`): counted by resolve and
 prebuild, exact under concurrent writers and mergers, never counted twice after a killed merge,
 reset by `stats --zero`, not written by an offline store; `list` and `stats` show them with the
 total size. A lookup counts in memory only: no file and no fsync on the hit path, one delta per
-process at its exit (issue 26 item 1)."""
+process at its exit."""
 
 from __future__ import annotations
 

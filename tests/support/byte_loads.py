@@ -1,4 +1,4 @@
-"""The ISA gate on byte loads shared by K1's and K2's static gates (issue 23).
+"""The ISA gate on byte loads shared by K1's and K2's static gates.
 
 Every byte K1 and K2 load on its own is an unsigned code (an E8M0 / UE8M0 scale): it must be
 zero-extended (`*_load_ubyte`, `_dsl.load_code`), never sign-extended. A sign-extending load

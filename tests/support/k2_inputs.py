@@ -7,7 +7,7 @@ unsharded ones. tests/test_k2_reference.py and the gfx950 harness (tests/support
 The KV values are KV_GAIN times a normed kv's and q is 1 / KV_GAIN times a normed q: every score
 q . k, and so the softmax, is the normed world's exactly (powers of two), while the records'
 UE8M0 codes sit at 127..129, on both sides of a byte's sign bit (a code read sign-extended
-flips its 64 dims, issue 23). o is KV_GAIN larger; wo_a's codes are KV_GAIN_BITS lower, so z
+flips its 64 dims). o is KV_GAIN larger; wo_a's codes are KV_GAIN_BITS lower, so z
 and everything after it keep their normed magnitudes."""
 
 from __future__ import annotations
