@@ -1,4 +1,4 @@
-"""Run vLLM 0.33's K1 code object (tests/vllm/upstream_k1.py builds it) on an emulated gfx950 the way
+"""Run vLLM 0.33's K1 code object (tests/vllm/upstream_mono.py builds it) on an emulated gfx950 the way
 vLLM's mono/runner.py launches it, and hold its outputs against tests/layer_math.py's formulation of
 the same math (`attention_seam`, `qkv_norms`, `query`).
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import layer_math as lm
 import torch
-from upstream_k1 import upstream_parameters, vllm_mono_dir
+from upstream_mono import upstream_parameters, vllm_mono_dir
 
 from mono_jit.spec import Spec
 
