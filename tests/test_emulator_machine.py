@@ -21,16 +21,32 @@ from mono_jit.emulator import CodeObject, CodeObjectError, Deadlock, EmulatorFau
 
 LANES = 64
 
-OPS_BODY = """
-  s_load_dwordx2 s[4:5], s[0:1], 0x0
+
+def _two_inputs(row_bytes: int) -> str:
+    """The prologue of a kernel of kernarg (i, j, out): v4 = i[lane], v5 = j[lane], v3 = the
+    lane's row of `row_bytes` in out (s[10:11])."""
+    return f"""  s_load_dwordx2 s[4:5], s[0:1], 0x0
   s_load_dwordx4 s[8:11], s[0:1], 0x8
   v_lshlrev_b32 v1, 2, v0
-  v_mul_u32_u24 v3, 64, v0
+  v_mul_u32_u24 v3, {row_bytes}, v0
   s_waitcnt lgkmcnt(0)
   global_load_dword v4, v1, s[4:5]
   global_load_dword v5, v1, s[8:9]
   s_waitcnt vmcnt(0)
-  s_mov_b32 s12, 0x7fffffff
+"""
+
+
+def _launch_two_inputs(body: str, i: torch.Tensor, j: torch.Tensor, out: torch.Tensor, **kw) -> None:
+    """One wave of `body` with kernarg (i, j, out): i and j read-only."""
+    machine = Machine()
+    machine.register(i, "i", writable=False)
+    machine.register(j, "j", writable=False)
+    machine.register(out, "out")
+    machine.launch(_code(body, **kw), (1, 1, 1), (LANES, 1, 1), struct.pack("<QQQ", i.data_ptr(), j.data_ptr(),
+                                                                          out.data_ptr()))
+
+
+OPS_BODY = _two_inputs(64) + """  s_mov_b32 s12, 0x7fffffff
   v_add_u32 v6, s12, v4
   global_store_dword v3, v6, s[10:11]
   s_mov_b32 s12, 0x9e3779b9
@@ -213,12 +229,7 @@ def test_single_instructions_give_the_isas_answers():
     magnitude = torch.rand(LANES, generator=g) * 3.75 + 0.25
     f = torch.where(torch.rand(LANES, generator=g) < 0.5, -magnitude, magnitude)
     out = torch.zeros(LANES * RESULTS, dtype=torch.int32)
-    machine = Machine()
-    machine.register(i, "i", writable=False)
-    machine.register(f, "f", writable=False)
-    machine.register(out, "out")
-    machine.launch(_code(OPS_BODY), (1, 1, 1), (LANES, 1, 1), struct.pack("<QQQ", i.data_ptr(), f.data_ptr(),
-                                                                            out.data_ptr()))
+    _launch_two_inputs(OPS_BODY, i, f, out)
     got = out.numpy().view(np.uint32).reshape(LANES, RESULTS)
     want = _expected(i.numpy(), f.numpy())
     names = ("add_u32", "mul_hi_u32", "ashrrev_i32", "bfe_i32", "perm_b32", "cvt_f32_i32", "fma_f32", "exp_f32",
@@ -396,16 +407,7 @@ def test_a_scratch_access_past_the_private_segment_fails():
 
 
 # Operations vLLM's K2 uses beyond ours; kernarg (i, j, out), out[lane] 14 words (see _upstream_expected).
-UPSTREAM_OPS_BODY = """
-  s_load_dwordx2 s[4:5], s[0:1], 0x0
-  s_load_dwordx4 s[8:11], s[0:1], 0x8
-  v_lshlrev_b32 v1, 2, v0
-  v_mul_u32_u24 v3, 56, v0
-  s_waitcnt lgkmcnt(0)
-  global_load_dword v4, v1, s[4:5]
-  global_load_dword v5, v1, s[8:9]
-  s_waitcnt vmcnt(0)
-  s_mov_b32 s12, 0
+UPSTREAM_OPS_BODY = _two_inputs(56) + """  s_mov_b32 s12, 0
   s_mov_b32 s13, 0x100
   s_ff1_i32_b64 s14, s[12:13]
   s_mov_b32 s13, 0
@@ -493,12 +495,7 @@ def test_the_operations_of_vllms_k2_give_the_isas_answers():
     codes = torch.randint(0, 0x7F, (LANES, 4), generator=g) | torch.randint(0, 2, (LANES, 4), generator=g) << 7
     i = (codes << torch.tensor([0, 8, 16, 24])).sum(1).to(torch.int64).to(torch.uint32).view(torch.int32)
     out = torch.zeros(LANES * UPSTREAM_RESULTS, dtype=torch.int32)
-    machine = Machine()
-    machine.register(i, "i", writable=False)
-    machine.register(j, "j", writable=False)
-    machine.register(out, "out")
-    machine.launch(_code(UPSTREAM_OPS_BODY, lds=256), (1, 1, 1), (LANES, 1, 1),
-                   struct.pack("<QQQ", i.data_ptr(), j.data_ptr(), out.data_ptr()))
+    _launch_two_inputs(UPSTREAM_OPS_BODY, i, j, out, lds=256)
     got = out.numpy().view(np.uint32).reshape(LANES, UPSTREAM_RESULTS)
     want = _upstream_expected(i.numpy(), j.numpy())
     names = ("s_ff1", "s_ff1 of 0", "s_bitcmp1", "cmp_gt_i16", "min3_i32", "bitop3_b16", "ds_or_b32", "cndmask -|x|",
@@ -539,12 +536,7 @@ def test_bf16_mfmas_use_the_hardwares_operand_and_result_layouts():
     values = [(torch.randint(-8, 9, (LANES, 8), generator=g) / 2).to(torch.bfloat16) for _ in range(2)]
     a, b = (v.view(torch.int16).contiguous().view(torch.int32).reshape(-1) for v in values)
     out = torch.zeros(LANES * 8, dtype=torch.float32)
-    machine = Machine()
-    machine.register(a, "a", writable=False)
-    machine.register(b, "b", writable=False)
-    machine.register(out, "out")
-    machine.launch(_code(BF16_MFMA_BODY), (1, 1, 1), (LANES, 1, 1), struct.pack("<QQQ", a.data_ptr(), b.data_ptr(),
-                                                                                 out.data_ptr()))
+    _launch_two_inputs(BF16_MFMA_BODY, a, b, out)
     got = out.view(LANES, 2, 4)
     for form, (per_lane, k_total) in enumerate(((8, 32), (4, 16))):
         A = torch.zeros(16, k_total, dtype=torch.float64)
