@@ -11,7 +11,7 @@ Needs AITER's FlyDSL helpers: MONO_JIT_AITER_HELPERS names their folder (.ci/run
         tests/vllm/test_emulated_upstream_k1.py      # -s prints the figures of each bucket
 
 Measured on the emulator (2026-12-04; relative norm errors, max abs in brackets; the s64 build
-spills to scratch, which the emulator does not model, so it is not run):
+spills to scratch, which the emulator now models; it has not been run):
 
     bucket  wave-instr  MFMAs   r        post/comb/pre   normed   qr (own normed)  q (own qr)
     1       1,445,049   30,720  3.3e-7   0.8e-6..1.9e-6  2.3e-4   1.9e-7 (7.6e-6)  0 (0)
@@ -50,9 +50,9 @@ SPECS = {bucket: Spec(8, 4, 1024, bucket) for bucket in (*BUCKETS, 64)}
 @pytest.fixture(scope="module")
 def entries(tmp_path_factory):
     """{bucket: cache entry} of upstream's K1, prebuilt as any installed plug-in is."""
-    with prebuilt("k1", SPECS.values(), tmp_path_factory.mktemp("upstream-k1"),
+    with prebuilt({"k1": SPECS.values()}, tmp_path_factory.mktemp("upstream-k1"),
                   tmp_path_factory.mktemp("upstream-k1-cache"), HELPERS) as built:
-        yield {spec.max_tokens: entry for spec, entry in built.items()}
+        yield {spec.max_tokens: entry for (_, spec), entry in built.items()}
 
 
 def test_upstream_k1_builds_to_the_hardware_proven_bytes(entries):

@@ -1,11 +1,25 @@
 """Calibration on hardware-proven code: vLLM 0.33's own mono K2, which runs on MI355X, built
-through mono-jit's plug-in protocol (tests/vllm/upstream_mono.py) to the bytes that run there.
+through mono-jit's plug-in protocol (tests/vllm/upstream_mono.py) to the bytes that run there,
+then run after upstream's own K1 on 8 emulated devices sharing memory as vLLM's runner launches
+them (tests/vllm/upstream_k2_run.py), against tests/layer_math.py's decode_layer of the step.
 
 Needs AITER's FlyDSL helpers: MONO_JIT_AITER_HELPERS names their folder (.ci/run points it at
 them); without them the tests skip, saying so.
 
     MONO_JIT_AITER_HELPERS=/path/to/aiter/helpers .venv/bin/python -m pytest -q -s \\
         tests/vllm/test_emulated_upstream_k2.py
+
+Measured (2026-12-06, one CSA row, layer_math seed 1; about 3 minutes with the builds):
+K1 on 8 ranks 11,569,317 wave-instructions, 245,760 MFMAs, 5.5 s; K2 on 8 ranks 37,718,736
+wave-instructions, 558,080 MFMAs, 27,072 scratch instructions (its spills), 14.7 s; no fault,
+trap or deadlock, every rank's out and res_out the same bytes. Against decode_layer (relative
+norm error, max abs): out 7.4e-2 (0.41), res_out 2.7e-2 (0.20), post_out 2.0e-2 (0.026),
+comb_out 1.0e-2 (0.0061), every rank alike: past layer_math.BOUNDS (5e-2, 1e-2, 1e-2, 1e-2), an
+open finding (xfail, strict). What it is not: the seam (K1's R is 3e-7 off; y solved from each
+of the four streams of K2's res_out is 4.0 % off layer_math's attention output alike, so the
+difference is in y), the K order of the bf16 MFMAs (permuting it changes no output bit), the
+sink's units (dropping it, or scaling it by log2 e either way, gives 17-62 %). Left: the
+attention's keys and partials, which K2 keeps internal.
 """
 
 from __future__ import annotations
@@ -14,6 +28,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 from upstream_mono import DIGESTS, helpers_problem, kernel_symbol, prebuilt
 
 from mono_jit.spec import Spec
@@ -25,19 +40,75 @@ HELPERS = Path(os.environ.get("MONO_JIT_AITER_HELPERS", "."))
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(PROBLEM is not None, reason=PROBLEM or "")]
 
 SPECS = (Spec(8, 4, 1024, 1), Spec(8, 128, 8192, 1), Spec(8, 4, 1024, 64))
+EMULATED = Spec(8, 4, 1024, 1)  # run with upstream's K1 of the same spec before it
 
 
 @pytest.fixture(scope="module")
 def entries(tmp_path_factory):
-    """{spec: cache entry} of upstream's K2, prebuilt as any installed plug-in is."""
-    with prebuilt("k2", SPECS, tmp_path_factory.mktemp("upstream-k2"),
+    """{(kernel, spec): cache entry} of upstream's K2 (and K1 at EMULATED), prebuilt as any
+    installed plug-in is."""
+    with prebuilt({"k2": SPECS, "k1": (EMULATED,)}, tmp_path_factory.mktemp("upstream-k2"),
                   tmp_path_factory.mktemp("upstream-k2-cache"), HELPERS) as built:
         yield built
 
 
 def test_upstream_k2_builds_to_the_hardware_proven_bytes(entries):
     """Every build has upstream's symbol, and the sha256 and size of the code that runs on MI355X."""
-    assert sorted(entries, key=SPECS.index) == list(SPECS)
-    for spec, entry in entries.items():
+    k2 = {spec: entry for (kernel, spec), entry in entries.items() if kernel == "k2"}
+    assert sorted(k2, key=SPECS.index) == list(SPECS)
+    for spec, entry in k2.items():
         assert [k["name"] for k in entry.meta["kernels"]] == [kernel_symbol("k2", spec)]
         assert (entry.meta["hsaco"]["sha256"][:16], entry.meta["hsaco"]["size"]) == DIGESTS["k2"][spec], spec
+    k1 = entries["k1", EMULATED].meta["hsaco"]
+    assert (k1["sha256"][:16], k1["size"]) == DIGESTS["k1"][EMULATED]
+
+
+@pytest.fixture(scope="module")
+def layer_run(entries):
+    """Upstream's K1 then K2 on 8 emulated devices sharing memory, one CSA step of one row of
+    layer_math's checkpoint (upstream_k2_run), with the reports and layer_math's decode_layer."""
+    import layer_math as lm
+    import upstream_k2_run as run
+
+    layer = lm.random_checkpoint_layer(5, 4, False, seed=1)
+    step = lm.random_step(layer, m=1, seed=1)
+    ranks = run.rank_buffers(layer, step)
+    reports = run.run_layer(entries["k1", EMULATED], entries["k2", EMULATED], ranks)
+    for name, report in zip(("K1", "K2"), reports):
+        print(f"\nupstream {name} (8 ranks): wave_instructions {report.wave_instructions} mfma {report.mfma} "
+              f"scratch {report.by_class['scratch']} seconds {report.seconds:.1f}")
+    return ranks, lm.decode_layer(step, layer), reports
+
+
+def test_upstream_k2_completes_on_eight_ranks_and_they_agree(layer_run):
+    """The cross-rank protocol (peer buffers, flags, atomics of 8 devices in one memory) runs to
+    the end with no fault, trap or deadlock; every output of the step's row is written (no
+    sentinel byte left) and every rank's out is the same bytes (the all-reduce is exact)."""
+    import upstream_k2_run as run
+
+    ranks, _, (_, k2_report) = layer_run
+    assert k2_report.by_class["scratch"] > 0, "its spills ran through the emulated scratch"
+    first = run.outputs(ranks[0], 1)
+    for rank, buffers in enumerate(ranks):
+        got = run.outputs(buffers, 1)
+        for name, t in got.items():
+            assert not (t.contiguous().view(torch.uint8) == run.SENTINEL).all(-1).any(), f"rank {rank}: {name} unwritten"
+        assert torch.equal(got["out"], first["out"]), f"rank {rank}: out differs from rank 0's"
+        assert torch.equal(got["res_out"], first["res_out"]), f"rank {rank}: res_out differs from rank 0's"
+
+
+@pytest.mark.xfail(strict=True, reason="open finding: upstream K2's attention output y is 4.0 % off "
+                   "layer_math's (res_out 2.7e-2, post 2.0e-2, out 7.4e-2 relative), on every rank alike")
+def test_upstream_k2_agrees_with_layer_math_within_the_quantisations_bounds(layer_run):
+    """Every rank's out, res_out, post_out and comb_out against layer_math.decode_layer within
+    layer_math.BOUNDS (the MXFP8 / MXFP4 quantisation's)."""
+    import layer_math as lm
+    import upstream_k2_run as run
+
+    ranks, want, _ = layer_run
+    for rank, buffers in enumerate(ranks):
+        got = run.outputs(buffers, 1)
+        errors = lm.layer_errors(got, want, [0])
+        worst = {name: float((t.double() - getattr(want, name).double()).abs().max()) for name, t in got.items()}
+        print(f"  rank {rank}: " + " ".join(f"{n} {e:.3g} (max {worst[n]:.3g})" for n, e in errors.items()))
+        assert {n: e for n, e in errors.items() if not e <= lm.BOUNDS[n]} == {}, f"rank {rank}"

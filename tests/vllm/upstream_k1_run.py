@@ -45,13 +45,14 @@ class K1Buffers:
     weights: set[str]
 
 
-def k1_buffers(ckpt: lm.CheckpointLayer, step: lm.LayerStep) -> K1Buffers:
-    """The arguments `MonoRunner.forward` gives K1 (vllm/.../mono/runner.py), for `step`'s rows."""
+def k1_buffers(ckpt: lm.CheckpointLayer, step: lm.LayerStep, rank: int = RANK) -> K1Buffers:
+    """The arguments `MonoRunner.forward` gives K1 (vllm/.../mono/runner.py) on TP rank `rank`,
+    for `step`'s rows."""
     from vllm.models.deepseek_v4.amd.mono.dims import HC, HEAD_DIM, HIDDEN, INDEX_TOPK, MAX_TOKENS, Q_RANK, Dims
     from vllm.models.deepseek_v4.amd.mono.layer import EPOCH_WORDS, scratch_bytes
 
     m = step.residual.shape[0]
-    w = lm.front_tensors(ckpt, RANK, TP)
+    w = lm.front_tensors(ckpt, rank, TP)
     rows = MAX_TOKENS
 
     def out(*shape: int, dtype: torch.dtype) -> torch.Tensor:
@@ -78,7 +79,7 @@ def k1_buffers(ckpt: lm.CheckpointLayer, step: lm.LayerStep) -> K1Buffers:
     scalars = dict(swa_stride=step.swa_page_stride, swa_block=step.swa_block, comp_block=step.comp_block,
                    bt_stride=step.block_table.stride(0), tl=0)
     values = {**weights, **inputs, **outputs, **scalars}
-    assert set(values) == {n for n, _ in upstream_parameters(vllm_mono_dir() / "layer.py")}
+    assert set(values) == {n for n, _ in upstream_parameters(vllm_mono_dir() / "layer.py", "k1")}
     return K1Buffers(step, values, set(weights) | set(inputs))
 
 

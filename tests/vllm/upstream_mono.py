@@ -219,10 +219,12 @@ class UpstreamK2(UpstreamMono):
 
 
 @contextmanager
-def prebuilt(kernel: str, specs: Iterable[Spec], folder: Path, cache: Path, helpers: Path) -> Iterator[dict[int, Any]]:
-    """Upstream's `kernel` prebuilt at `specs` as any installed plug-in is (the plug-in laid out in
-    `folder` and put on sys.path; mono-jit's compile workers, kernarg and resource checks, its
-    cache in `cache`): {spec: cache entry}. The plug-in is known inside the block only."""
+def prebuilt(builds: dict[str, Iterable[Spec]], folder: Path, cache: Path, helpers: Path
+             ) -> Iterator[dict[tuple[str, Spec], Any]]:
+    """Upstream's kernels prebuilt (`builds`: kernel -> specs) as any installed plug-in is (the
+    plug-ins laid out in `folder` and put on sys.path; mono-jit's compile workers, kernarg and
+    resource checks, its cache in `cache`): {(kernel, spec): cache entry}. The plug-ins are known
+    inside the block only."""
     import pytest
     from cache_settings import settings_at
 
@@ -236,10 +238,12 @@ def prebuilt(kernel: str, specs: Iterable[Spec], folder: Path, cache: Path, help
         for attr in ("_registry", "_added", "_failed"):
             patch.setattr(registry, attr, dict(getattr(registry, attr)))
         settings = settings_at(cache)
-        summary, _ = prebuild([get(template_name(kernel))], list(specs), settings, jobs=1, timeout=1800)
-        assert not summary.failed, summary.failed
+        for kernel, specs in builds.items():
+            summary, _ = prebuild([get(template_name(kernel))], list(specs), settings, jobs=1, timeout=1800)
+            assert not summary.failed, summary.failed
+        kernel_of = {template_name(k): k for k in KERNELS}
         try:
-            yield {Spec.from_dict(entry.meta["spec"]): entry for entry in Store(settings).entries()}
+            yield {(kernel_of[e.meta["template"]], Spec.from_dict(e.meta["spec"])): e for e in Store(settings).entries()}
         finally:
             for module in [m for m in sys.modules if m.startswith("mono_jit_upstream_")]:
                 sys.modules.pop(module)
