@@ -21,16 +21,32 @@ from mono_jit.emulator import CodeObject, CodeObjectError, Deadlock, EmulatorFau
 
 LANES = 64
 
-OPS_BODY = """
-  s_load_dwordx2 s[4:5], s[0:1], 0x0
+
+def _two_inputs(row_bytes: int) -> str:
+    """The prologue of a kernel of kernarg (i, j, out): v4 = i[lane], v5 = j[lane], v3 = the
+    lane's row of `row_bytes` in out (s[10:11])."""
+    return f"""  s_load_dwordx2 s[4:5], s[0:1], 0x0
   s_load_dwordx4 s[8:11], s[0:1], 0x8
   v_lshlrev_b32 v1, 2, v0
-  v_mul_u32_u24 v3, 64, v0
+  v_mul_u32_u24 v3, {row_bytes}, v0
   s_waitcnt lgkmcnt(0)
   global_load_dword v4, v1, s[4:5]
   global_load_dword v5, v1, s[8:9]
   s_waitcnt vmcnt(0)
-  s_mov_b32 s12, 0x7fffffff
+"""
+
+
+def _launch_two_inputs(body: str, i: torch.Tensor, j: torch.Tensor, out: torch.Tensor, **kw) -> None:
+    """One wave of `body` with kernarg (i, j, out): i and j read-only."""
+    machine = Machine()
+    machine.register(i, "i", writable=False)
+    machine.register(j, "j", writable=False)
+    machine.register(out, "out")
+    machine.launch(_code(body, **kw), (1, 1, 1), (LANES, 1, 1), struct.pack("<QQQ", i.data_ptr(), j.data_ptr(),
+                                                                          out.data_ptr()))
+
+
+OPS_BODY = _two_inputs(64) + """  s_mov_b32 s12, 0x7fffffff
   v_add_u32 v6, s12, v4
   global_store_dword v3, v6, s[10:11]
   s_mov_b32 s12, 0x9e3779b9
@@ -213,12 +229,7 @@ def test_single_instructions_give_the_isas_answers():
     magnitude = torch.rand(LANES, generator=g) * 3.75 + 0.25
     f = torch.where(torch.rand(LANES, generator=g) < 0.5, -magnitude, magnitude)
     out = torch.zeros(LANES * RESULTS, dtype=torch.int32)
-    machine = Machine()
-    machine.register(i, "i", writable=False)
-    machine.register(f, "f", writable=False)
-    machine.register(out, "out")
-    machine.launch(_code(OPS_BODY), (1, 1, 1), (LANES, 1, 1), struct.pack("<QQQ", i.data_ptr(), f.data_ptr(),
-                                                                            out.data_ptr()))
+    _launch_two_inputs(OPS_BODY, i, f, out)
     got = out.numpy().view(np.uint32).reshape(LANES, RESULTS)
     want = _expected(i.numpy(), f.numpy())
     names = ("add_u32", "mul_hi_u32", "ashrrev_i32", "bfe_i32", "perm_b32", "cvt_f32_i32", "fma_f32", "exp_f32",
@@ -339,3 +350,201 @@ def test_launches_run_together_keep_their_own_instructions_and_branches():
         state.release()
     machine.launch_many(launches)
     assert [f.tolist() for f in flags] == [[1, 1], [1, 1]]
+
+
+# Architected flat scratch (gfx940+): every work-item of 2 workgroups x 128 stores its id-derived
+# words at private addresses 4..19 (through off / off + offset, SADDR + VADDR, the dwordx2 form)
+# and reads them back into out[id] = (100 + id, 100 + id, 3 id, 3 id). All lanes use the same
+# private addresses, so a lane or wave reading another's segment shows.
+SCRATCH_BODY = """
+  s_load_dwordx2 s[4:5], s[0:1], 0x0
+  s_lshl_b32 s7, s2, 7
+  v_add_u32 v9, s7, v0
+  v_add_u32 v2, 100, v9
+  v_mul_u32_u24 v3, 3, v9
+  scratch_store_dword off, v2, off offset:4
+  scratch_store_dwordx2 off, v[2:3], off offset:8
+  s_movk_i32 s6, 12
+  v_mov_b32 v7, 4
+  scratch_store_dword v7, v3, s6
+  v_mov_b32 v2, 0
+  v_mov_b32 v3, 0
+  scratch_load_dword v4, off, off offset:4
+  scratch_load_dwordx2 v[10:11], off, off offset:8
+  scratch_load_dword v12, v7, off offset:12
+  v_lshlrev_b32 v1, 4, v9
+  s_waitcnt vmcnt(0) lgkmcnt(0)
+  global_store_dword v1, v4, s[4:5]
+  global_store_dwordx2 v1, v[10:11], s[4:5] offset:4
+  global_store_dword v1, v12, s[4:5] offset:12
+  s_endpgm
+"""
+
+
+def test_scratch_gives_each_work_item_its_own_private_segment():
+    """SCRATCH_* addresses are SADDR (unless off) + VADDR (with SVE) + the offset into the
+    work-item's own private segment, of the descriptor's private_segment_fixed_size (CDNA4 ISA
+    CalcScratchAddr; LLVM AMDGPUUsage, private memory per work-item, gfx940+ architected flat
+    scratch): each of 256 work-items in 4 waves reads back its own words."""
+    out = torch.full((256, 4), -1, dtype=torch.int32)
+    machine = Machine()
+    machine.register(out, "out")
+    report = machine.launch(_code(SCRATCH_BODY, scratch=20), (2, 1, 1), (128, 1, 1), struct.pack("<Q", out.data_ptr()))
+    ids = torch.arange(256, dtype=torch.int32)
+    assert torch.equal(out, torch.stack([100 + ids, 100 + ids, 3 * ids, 3 * ids], 1))
+    assert report.by_class["scratch"] == 6 * 4  # 6 scratch instructions in each of 4 waves
+    assert not [a for a in machine.allocations if a.name.startswith("scratch")], "the launch's scratch is released"
+
+
+def test_a_scratch_access_past_the_private_segment_fails():
+    body = "  v_mov_b32 v1, 7\n  scratch_store_dword off, v1, off offset:16\n  s_endpgm"
+    Machine().launch(_code(body, scratch=20), (1, 1, 1), (64, 1, 1), b"")
+    with pytest.raises(EmulatorFault, match=r"4 bytes at private address 0x14, past the work-item's 20-byte "
+                                            r"private segment .*SCRATCH_STORE_DWORD\), lane 0"):
+        Machine().launch(_code(body.replace("offset:16", "offset:20"), scratch=20), (1, 1, 1), (64, 1, 1), b"")
+    with pytest.raises(EmulatorFault, match=r"past the work-item's 0-byte private segment"):
+        Machine().launch(_code(body), (1, 1, 1), (64, 1, 1), b"")
+
+
+# Operations vLLM's K2 uses beyond ours; kernarg (i, j, out), out[lane] 14 words (see _upstream_expected).
+UPSTREAM_OPS_BODY = _two_inputs(56) + """  s_mov_b32 s12, 0
+  s_mov_b32 s13, 0x100
+  s_ff1_i32_b64 s14, s[12:13]
+  s_mov_b32 s13, 0
+  s_ff1_i32_b64 s15, s[12:13]
+  v_mov_b32 v6, s14
+  global_store_dword v3, v6, s[10:11]
+  v_mov_b32 v6, s15
+  global_store_dword v3, v6, s[10:11] offset:4
+  s_movk_i32 s12, 0x10
+  s_bitcmp1_b32 s12, 4
+  s_cselect_b32 s13, 7, 9
+  s_bitcmp1_b32 s12, 3
+  s_cselect_b32 s14, 7, 9
+  s_lshl_b32 s14, s14, 8
+  s_or_b32 s13, s13, s14
+  v_mov_b32 v6, s13
+  global_store_dword v3, v6, s[10:11] offset:8
+  v_cmp_gt_i16_e64 s[16:17], v4, v5
+  v_cndmask_b32_e64 v6, 0, 1, s[16:17]
+  global_store_dword v3, v6, s[10:11] offset:12
+  v_min3_i32 v6, v4, v5, s12
+  global_store_dword v3, v6, s[10:11] offset:16
+  s_mov_b32 s18, 0x12345678
+  v_bitop3_b16 v6, v4, v5, s18 bitop3:0xec
+  v_and_b32 v6, 0xffff, v6
+  global_store_dword v3, v6, s[10:11] offset:20
+  ds_write_b32 v1, v4
+  ds_or_b32 v1, v5
+  ds_read_b32 v6, v1
+  s_waitcnt lgkmcnt(0)
+  global_store_dword v3, v6, s[10:11] offset:24
+  s_mov_b32 s20, 0xaaaaaaaa
+  s_mov_b32 s21, 0xaaaaaaaa
+  v_cndmask_b32_e64 v6, -1, -|v5|, s[20:21]
+  global_store_dword v3, v6, s[10:11] offset:28
+  v_cndmask_b32_e64 v6, 0, |v5|, s[20:21]
+  global_store_dword v3, v6, s[10:11] offset:32
+  s_mov_b32 s22, 0x40400000
+  v_cvt_scalef32_pk_f32_fp8 v[6:7], v4, s22
+  global_store_dwordx2 v3, v[6:7], s[10:11] offset:36
+  v_cvt_scalef32_pk_f32_fp8 v[6:7], v4, s22 op_sel:[1,0,0]
+  v_cvt_scalef32_pk_bf16_fp8 v8, v4, s22 op_sel:[1,0,0]
+  global_store_dwordx2 v3, v[6:7], s[10:11] offset:44
+  global_store_dword v3, v8, s[10:11] offset:52
+  s_endpgm
+"""
+UPSTREAM_RESULTS = 14
+
+
+def _upstream_expected(i: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """What each instruction of UPSTREAM_OPS_BODY computes (CDNA4 ISA pseudocode of each op)."""
+    out = np.zeros((LANES, UPSTREAM_RESULTS), np.uint32)
+    s16 = lambda x: (x & 0xFFFF) - 0x10000 if x & 0x8000 else x & 0xFFFF  # noqa: E731
+    fp8 = lambda b: float(torch.tensor([b], dtype=torch.uint8).view(torch.float8_e4m3fn).float())  # noqa: E731
+    f32 = lambda x: int(np.float32(x).view(np.uint32))  # noqa: E731
+    for lane in range(LANES):
+        a, b = int(i[lane]) & 0xFFFFFFFF, int(j[lane]) & 0xFFFFFFFF
+        table = 0
+        for bit in range(16):  # bitop3: bit n of the table is the result for inputs (S0, S1, S2) = n
+            n = (a >> bit & 1) << 2 | (b >> bit & 1) << 1 | (0x5678 >> bit & 1)
+            table |= (0xEC >> n & 1) << bit
+        odd = lane & 1
+        scaled = [fp8(a >> 8 * k & 0xFF) * 2.0 for k in range(4)]  # scale 3.0: its exponent, 2^1
+        out[lane] = [
+            40, 0xFFFFFFFF, 7 | 9 << 8,
+            int(s16(a) > s16(b)),
+            min(int(i[lane]), int(j[lane]), 16) & 0xFFFFFFFF,
+            table,
+            a | b,
+            (b | 0x80000000) if odd else 0xFFFFFFFF,
+            (b & 0x7FFFFFFF) if odd else 0,
+            f32(scaled[0]), f32(scaled[1]), f32(scaled[2]), f32(scaled[3]),
+            _bf16(scaled[2]) | _bf16(scaled[3]) << 16,
+        ]
+    return out
+
+
+def test_the_operations_of_vllms_k2_give_the_isas_answers():
+    """s_ff1_i32_b64, s_bitcmp1_b32, v_cmp_gt_i16, v_min3_i32, v_bitop3_b16 (low half),
+    ds_or_b32, v_cndmask_b32 with neg / abs on its sources (the f32 sign bit), and
+    v_cvt_scalef32_pk_{f32,bf16}_fp8 with both words and a scale that is not a power of two
+    (only its exponent counts)."""
+    g = torch.Generator().manual_seed(5)
+    j = torch.randint(-2**31, 2**31 - 1, (LANES,), generator=g, dtype=torch.int64).to(torch.int32)
+    codes = torch.randint(0, 0x7F, (LANES, 4), generator=g) | torch.randint(0, 2, (LANES, 4), generator=g) << 7
+    i = (codes << torch.tensor([0, 8, 16, 24])).sum(1).to(torch.int64).to(torch.uint32).view(torch.int32)
+    out = torch.zeros(LANES * UPSTREAM_RESULTS, dtype=torch.int32)
+    _launch_two_inputs(UPSTREAM_OPS_BODY, i, j, out, lds=256)
+    got = out.numpy().view(np.uint32).reshape(LANES, UPSTREAM_RESULTS)
+    want = _upstream_expected(i.numpy(), j.numpy())
+    names = ("s_ff1", "s_ff1 of 0", "s_bitcmp1", "cmp_gt_i16", "min3_i32", "bitop3_b16", "ds_or_b32", "cndmask -|x|",
+             "cndmask |x|", "scalef32 f32 b0", "b1", "b2", "b3", "scalef32 bf16 word 1")
+    wrong = [f"{names[k]} lane {lane}: {got[lane, k]:#010x}, the ISA gives {want[lane, k]:#010x}"
+             for k in range(UPSTREAM_RESULTS) for lane in range(LANES) if got[lane, k] != want[lane, k]]
+    assert not wrong, "\n".join(wrong[:20])
+
+
+# The bf16 MFMAs on operands read from memory: kernarg (a, b, out), 4 words a lane each of a and
+# b; out 8 words a lane: D of v_mfma_f32_16x16x32_bf16 (all 4 words), then of _16x16x16_bf16
+# (words 0-1).
+BF16_MFMA_BODY = """
+  s_load_dwordx4 s[4:7], s[0:1], 0x0
+  s_load_dwordx2 s[8:9], s[0:1], 0x10
+  v_lshlrev_b32 v1, 4, v0
+  s_waitcnt lgkmcnt(0)
+  global_load_dwordx4 v[4:7], v1, s[4:5]
+  global_load_dwordx4 v[8:11], v1, s[6:7]
+  s_waitcnt vmcnt(0)
+  v_mfma_f32_16x16x32_bf16 v[12:15], v[4:7], v[8:11], 0
+  v_mfma_f32_16x16x16_bf16 v[16:19], v[4:5], v[8:9], 0
+  s_nop 7
+  s_nop 7
+  v_lshlrev_b32 v2, 5, v0
+  global_store_dwordx4 v2, v[12:15], s[8:9]
+  global_store_dwordx4 v2, v[16:19], s[8:9] offset:16
+  s_endpgm
+"""
+
+
+def test_bf16_mfmas_use_the_hardwares_operand_and_result_layouts():
+    """v_mfma_f32_16x16x{16,32}_bf16: lane 16 q + i holds A[i, k] and B[k, i] for k = n q + e, its
+    e-th bf16 (low half first; n = 4 or 8 a lane), and D[4 g + e, c] is element e of lane 16 g + c
+    (AMD's matrix instruction calculator; Triton's AMD backend, kWidth 4 / 8). Small halves keep
+    every sum exact, so D is exact."""
+    g = torch.Generator().manual_seed(9)
+    values = [(torch.randint(-8, 9, (LANES, 8), generator=g) / 2).to(torch.bfloat16) for _ in range(2)]
+    a, b = (v.view(torch.int16).contiguous().view(torch.int32).reshape(-1) for v in values)
+    out = torch.zeros(LANES * 8, dtype=torch.float32)
+    _launch_two_inputs(BF16_MFMA_BODY, a, b, out)
+    got = out.view(LANES, 2, 4)
+    for form, (per_lane, k_total) in enumerate(((8, 32), (4, 16))):
+        A = torch.zeros(16, k_total, dtype=torch.float64)
+        B = torch.zeros(k_total, 16, dtype=torch.float64)
+        for k in range(k_total):
+            for i in range(16):
+                A[i, k] = float(values[0][16 * (k // per_lane) + i, k % per_lane])
+                B[k, i] = float(values[1][16 * (k // per_lane) + i, k % per_lane])
+        D = A @ B
+        want = torch.tensor([[D[4 * (lane // 16) + e, lane % 16] for e in range(4)] for lane in range(LANES)])
+        assert torch.equal(got[:, form].double(), want), f"form {form}: {(got[:, form].double() - want).abs().max()}"

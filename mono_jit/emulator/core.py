@@ -27,7 +27,7 @@ from . import ops as O
 from .decode import (F_ABS, F_BASE, F_CLASS, F_DST, F_FLAGS, F_FORMAT, F_LIT, F_NEG, F_NEG_HI, F_NEXT, F_OFFSET,
                      F_OFFSET1, F_OP, F_OPSEL, F_OPSEL_HI, F_SCALE0, F_SCALE1, F_SDST, F_SEL0, F_SEL1, F_SEXT,
                      F_SOFF, F_SRC0, F_SRC1, F_SRC2, F_TARGET, FLAG_DPP, FLAG_OFFEN, FLAG_SADDR_OFF,
-                     FLAG_SC0, FLAG_SDWA, SEL_DWORD)
+                     FLAG_SC0, FLAG_SDWA, FLAG_SVE, SEL_DWORD)
 from .mfma_layout import E2M1, K_OF_BYTE, K_OF_NIBBLE
 from .numerics import (cvt_i32, cvt_u32, e8m0, f32_exponent, f32_to_fp8, f32bits_to_bf16, fma32, fp8_to_f64,
                        maximum, minimum)
@@ -39,8 +39,8 @@ EXEC = 126
 M0 = 124
 
 # WS fields.
-WS_PC, WS_STATUS, WS_CTA, WS_DEVICE, WS_PARK, WS_ROW0, WS_POLL, WS_COUNT = range(8)
-WS_FIELDS = 8
+WS_PC, WS_STATUS, WS_CTA, WS_DEVICE, WS_PARK, WS_ROW0, WS_POLL, WS_COUNT, WS_SCRATCH, WS_PRIVATE = range(10)
+WS_FIELDS = 10
 RUNNING, AT_BARRIER, PARKED, DONE = range(4)
 
 # CTL fields: the wake epoch, stores, state events, and the fault record.
@@ -49,7 +49,7 @@ CTL_FIELDS = 16
 
 # Fault kinds (CTL[C_FAULT]).
 (NO_FAULT, FAULT_UNMAPPED, FAULT_READ_ONLY, FAULT_UNALIGNED, FAULT_TRAP, FAULT_LDS, FAULT_OPERAND,
- FAULT_EXEC) = range(8)
+ FAULT_EXEC, FAULT_PRIVATE) = range(9)
 
 # run() results.
 FINISHED, FAULTED, DEADLOCKED, IDLE, BUDGET = range(5)
@@ -400,6 +400,46 @@ def vmem(P, i, w, S, V, T, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, d, ex, op):
 
 
 @njit(cache=True)
+def scratch(P, i, w, S, V, WS, ALLOC, BUFS, ABYTES, CNT, CTL, d, ex, op):
+    """SCRATCH_LOAD / STORE_DWORD(X2-4), architected flat scratch (gfx940+): each lane reads and
+    writes its own private segment of `WS_PRIVATE` bytes, at the private address SADDR (unless
+    off) + VADDR (when SVE) + the signed offset (CDNA4 pseudocode CalcScratchAddr; LLVM
+    AMDGPUUsage "Memory Spaces": private memory is per work-item, reached by the scratch
+    instructions through the wave's hardware scratch base). The hardware interleaves the lanes'
+    dwords in the wave's backing memory; no scratch instruction can observe that, so here lane
+    `l` of the wave owns bytes [l P, (l + 1) P) of its block at WS_SCRATCH. An access past the
+    segment (or any, when the launch has none) faults (FAULT_PRIVATE)."""
+    private, block = WS[w, WS_PRIVATE], WS[w, WS_SCRATCH]
+    flags = P[i, F_FLAGS]
+    storing = op >= O.OP_SCRATCH_STORE_DWORD
+    dwords = op - (O.OP_SCRATCH_STORE_DWORD if storing else O.OP_SCRATCH_LOAD_DWORD) + 1
+    saddr = 0 if flags & FLAG_SADDR_OFF else np.int64(S[w, P[i, F_BASE]])
+    k = find(ALLOC, block, 64 * private, -1)
+    if k < 0 or private == 0:
+        return fault(CTL, FAULT_PRIVATE, w, i, -1, 0, 4 * dwords, private)
+    mem = BUFS[k]
+    for lane in range(64):
+        if not ex >> lane & 1:
+            continue
+        at = (saddr + (np.int64(V[w, P[i, F_SRC0], lane]) if flags & FLAG_SVE else 0) + P[i, F_OFFSET]) & M32
+        if at + 4 * dwords > private:
+            return fault(CTL, FAULT_PRIVATE, w, i, lane, at, 4 * dwords, private)
+        off = block - ALLOC[k, 0] + lane * private + at
+        for part in range(dwords):
+            p = off + 4 * part
+            if storing:
+                v = np.int64(V[w, P[i, F_SRC1] + part, lane])
+                for byte in range(4):
+                    mem[p + byte] = v >> (8 * byte) & 0xFF
+            else:
+                V[w, P[i, F_DST] + part, lane] = (np.int64(mem[p]) | np.int64(mem[p + 1]) << 8
+                                                  | np.int64(mem[p + 2]) << 16 | np.int64(mem[p + 3]) << 24)
+        ABYTES[k, 2 * KIND_GLOBAL + (1 if storing else 0)] += 4 * dwords
+        CNT[d, CNT_WRITTEN if storing else CNT_READ] += 4 * dwords
+    return NO_FAULT
+
+
+@njit(cache=True)
 def smem(P, i, w, S, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, d, op):
     dst = P[i, F_DST]
     if op == O.OP_S_MEMREALTIME or op == O.OP_S_MEMTIME:
@@ -463,6 +503,21 @@ def lds_op(P, i, w, V, T, LDS, CTA, CNT, CTL, c, d, ex, op):
             T[3, lane] = V[w, data0, src] if ex >> src & 1 else 0
         write(V, T, w, dst, 3, ex)
         return NO_FAULT
+    if op == O.OP_DS_OR_B32:  # MEM[ADDR + offset] |= DATA0 (no return)
+        for lane in range(64):
+            if not ex >> lane & 1:
+                continue
+            at = (np.int64(V[w, addr, lane]) + (off0 | off1 << 8)) & M32
+            if at & 3:
+                return fault(CTL, FAULT_UNALIGNED, w, i, lane, at, 4, 1)
+            if at + 4 > limit:
+                return fault(CTL, FAULT_LDS, w, i, lane, at, 4, limit)
+            v = np.int64(V[w, data0, lane])
+            for byte in range(4):
+                LDS[c, at + byte] |= v >> (8 * byte) & 0xFF
+            CNT[d, CNT_LDS_READ] += 4
+            CNT[d, CNT_LDS_WRITTEN] += 4
+        return NO_FAULT
     n, stride, two, writing = 1, 0, False, False
     if op == O.OP_DS_READ_B64 or op == O.OP_DS_WRITE_B64:
         n = 2
@@ -523,7 +578,8 @@ def salu(P, i, w, S, op):
     wide = (op == O.OP_S_AND_B64 or op == O.OP_S_OR_B64 or op == O.OP_S_XOR_B64 or op == O.OP_S_ANDN2_B64
             or op == O.OP_S_CSELECT_B64 or op == O.OP_S_MOV_B64 or op == O.OP_S_BCNT1_I32_B64
             or op == O.OP_S_AND_SAVEEXEC_B64 or op == O.OP_S_OR_SAVEEXEC_B64 or op == O.OP_S_ANDN2_SAVEEXEC_B64
-            or op == O.OP_S_CMP_LG_U64 or op == O.OP_S_CMP_EQ_U64 or op == O.OP_S_LSHL_B64)
+            or op == O.OP_S_CMP_LG_U64 or op == O.OP_S_CMP_EQ_U64 or op == O.OP_S_LSHL_B64
+            or op == O.OP_S_FF1_I32_B64)
     a = sval(S, w, P[i, F_SRC0], lit, wide)
     b = sval(S, w, P[i, F_SRC1], lit, wide and op != O.OP_S_LSHL_B64)
     scc = np.int64(S[w, SCC])
@@ -641,6 +697,15 @@ def salu(P, i, w, S, op):
         S[w, SCC] = 1 if r else 0
     elif op == O.OP_S_BITSET1_B32:
         r = np.int64(S[w, dst]) | (1 << (a & 31))
+    elif op == O.OP_S_FF1_I32_B64:  # the lowest set bit of S0, -1 if none
+        r = -1
+        for bit in range(64):
+            if a >> bit & 1:
+                r = bit
+                break
+    elif op == O.OP_S_BITCMP1_B32:  # SCC = S0[S1[4:0]] == 1; no destination
+        S[w, SCC] = a >> (b & 31) & 1
+        return
     elif op == O.OP_S_AND_SAVEEXEC_B64 or op == O.OP_S_OR_SAVEEXEC_B64 or op == O.OP_S_ANDN2_SAVEEXEC_B64:
         ex = exec_of(S, w)
         set64(S, w, dst, ex)
@@ -759,6 +824,8 @@ def compare(op, a, b, fa, fb):
         return a < b
     if op == O.OP_V_CMP_LE_U32:
         return a <= b
+    if op == O.OP_V_CMP_GT_I16:
+        return sext16(a) > sext16(b)
     x, y = sext32(a), sext32(b)
     if op == O.OP_V_CMP_GE_I32:
         return x >= y
@@ -1204,6 +1271,15 @@ def valu(P, i, w, S, V, T, TF, ex, op):
             for n in range(8):
                 if table >> n & 1:
                     r |= (a if n & 4 else ~a) & (b if n & 2 else ~b) & (c if n & 1 else ~c)
+        elif op == O.OP_V_BITOP3_B16:  # as V_BITOP3_B32 on the low halves; the high half zeroed
+            table = P[i, F_FORMAT]
+            r = 0
+            for n in range(8):
+                if table >> n & 1:
+                    r |= (a if n & 4 else ~a) & (b if n & 2 else ~b) & (c if n & 1 else ~c)
+            r &= 0xFFFF
+        elif op == O.OP_V_MIN3_I32:
+            r = min(sext32(a), sext32(b), sext32(c))
         elif op == O.OP_V_MED3_I32:
             x, y, z = sext32(a), sext32(b), sext32(c)
             r = max(min(x, y), min(max(x, y), z))
@@ -1251,6 +1327,18 @@ def valu(P, i, w, S, V, T, TF, ex, op):
             pair = f32_to_fp8(fa) | f32_to_fp8(fb) << 8
             old = np.int64(V[w, dst, lane])
             r = (old & 0xFFFF) | pair << 16 if P[i, F_OPSEL] & 8 else (old & 0xFFFF0000) | pair
+        elif op == O.OP_V_CVT_SCALEF32_PK_F32_FP8 or op == O.OP_V_CVT_SCALEF32_PK_BF16_FP8:
+            # The fp8 pair in S0's word OPSEL[0], each times 2^(exponent field of S1 - 127)
+            # (CDNA4 pseudocode: scale = exponent(S1.f32); fp8_to_f32_scale / fp8_to_bf16_scale).
+            # Exact in f32 (3 mantissa bits, exponents within f32's range); bf16 rounds once.
+            half = a >> (16 * (P[i, F_OPSEL] & 1)) & 0xFFFF
+            scale = 2.0 ** np.float64((b >> 23 & 0xFF) - 127)
+            TF[3, lane] = np.float32(fp8_to_f64(half & 0xFF) * scale)
+            TF[4, lane] = np.float32(fp8_to_f64(half >> 8) * scale)
+            if op == O.OP_V_CVT_SCALEF32_PK_F32_FP8:
+                two = True
+                continue
+            r = f32bits_to_bf16(np.int64(T[3, lane])) | f32bits_to_bf16(np.int64(T[4, lane])) << 16
         elif op == O.OP_V_CVT_PK_F32_FP8:
             two = True
             half = a & 0xFFFF  # an SDWA WORD_1 select already moved the high half down
@@ -1312,21 +1400,49 @@ def crosslane(P, i, w, S, V, T, ex, op):
                 V[w, dst, lane + 32] = t
 
 
+@njit(cache=True)
+def bf16_value(h):
+    """The value of bf16 bits `h` (f32's upper half)."""
+    e, m = h >> 7 & 0xFF, h & 0x7F
+    if e == 255:
+        v = math.inf if m == 0 else math.nan
+    elif e == 0:
+        v = m * 2.0 ** -133
+    else:
+        v = (1.0 + m / 128.0) * 2.0 ** (e - 127)
+    return -v if h >> 15 & 1 else v
+
+
 @njit(cache=True, error_model="numpy")
-def mfma_f32_16x16x4(w, V, VF, dst, a0, b0, c0):
-    """V_MFMA_F32_16X16X4_F32 (one block): lane 16 k + i holds A[i, k] and B[k, i]; lane
-    16 g + c, element e of D is D[4 g + e, c] (AMD's matrix instruction calculator for
-    v_mfma_f32_16x16x4f32; the result layout is the scaled MFMA's, mfma_layout.D_ROW). The four
-    products and C are summed in f64 and rounded once."""
-    a, b = VF[w, a0].astype(np.float64), VF[w, b0].astype(np.float64)  # copies: D may overlap them
+def mfma_f32_16x16_dense(w, V, VF, dst, a0, b0, c0, per_lane):
+    """V_MFMA_F32_16X16X4_F32 (`per_lane` 1, f32), V_MFMA_F32_16X16X16_BF16 (4) and
+    V_MFMA_F32_16X16X32_BF16 (8): lane 16 q + i holds A[i, k] and B[k, i] for k = per_lane q + e,
+    element e of the lane's operand (an f32 VGPR, or the e-th bf16 of its VGPRs, low half first);
+    lane 16 g + c, element e of D is D[4 g + e, c]. (AMD's matrix instruction calculator for
+    v_mfma_f32_16x16x4f32 / _16x16x16bf16_1k and gfx950's _16x16x32_bf16; Triton
+    AccelerateAMDMatmul.cpp kWidth 4 / 8 for the bf16 forms; the result layout is the scaled
+    MFMA's, mfma_layout.D_ROW.) The products and C are summed in f64 and rounded once."""
+    K = 4 * per_lane
+    A = np.empty((16, K))
+    B = np.empty((16, K))  # B[col, k]
+    for lane in range(64):
+        i, q = lane % 16, lane // 16
+        for e in range(per_lane):
+            k = per_lane * q + e
+            if per_lane == 1:
+                A[i, k], B[i, k] = VF[w, a0, lane], VF[w, b0, lane]
+            else:
+                shift = 16 * (e % 2)
+                A[i, k] = bf16_value(V[w, a0 + e // 2, lane] >> shift & 0xFFFF)
+                B[i, k] = bf16_value(V[w, b0 + e // 2, lane] >> shift & 0xFFFF)
     d = np.empty((4, 64), np.float32)
     for lane in range(64):
         g, col = lane // 16, lane % 16
         for e in range(4):
             row = 4 * g + e
             acc = np.float64(VF[w, c0 - 256 + e, lane]) if c0 >= 256 else np.float64(0.0)
-            for k in range(4):
-                acc += a[16 * k + row] * b[16 * k + col]
+            for k in range(K):
+                acc += A[row, k] * B[col, k]
             d[e, lane] = np.float32(acc)
     for e in range(4):
         VF[w, dst + e] = d[e]
@@ -1334,15 +1450,18 @@ def mfma_f32_16x16x4(w, V, VF, dst, a0, b0, c0):
 
 @njit(cache=True, error_model="numpy")
 def mfma(P, i, w, V, VF, ex, CTL):
-    """V_MFMA_SCALE_F32_16X16X128_F8F6F4: D = C + (A x scaleA)(B x scaleB)^T, summed in f64 and
+    """The dense MFMAs (`mfma_f32_16x16_dense`), and
+    V_MFMA_SCALE_F32_16X16X128_F8F6F4: D = C + (A x scaleA)(B x scaleB)^T, summed in f64 and
     rounded to f32 once (the hardware's summation order inside the 128-step is undocumented).
     The operands are decoded through value tables (FP8_VALUE, E2M1) with their E8M0 scales
     applied, then each result element is one 128-term dot product."""
     if ex != -1:
         return fault(CTL, FAULT_EXEC, w, i, -1, ex, 0, 0)
     dst, a0, b0, c0 = P[i, F_DST], P[i, F_SRC0] - 256, P[i, F_SRC1] - 256, P[i, F_SRC2]
-    if P[i, F_OP] == O.OP_V_MFMA_F32_16X16X4_F32:
-        mfma_f32_16x16x4(w, V, VF, dst, a0, b0, c0)
+    op = P[i, F_OP]
+    if op == O.OP_V_MFMA_F32_16X16X4_F32 or op == O.OP_V_MFMA_F32_16X16X16_BF16 or op == O.OP_V_MFMA_F32_16X16X32_BF16:
+        per_lane = 1 if op == O.OP_V_MFMA_F32_16X16X4_F32 else 4 if op == O.OP_V_MFMA_F32_16X16X16_BF16 else 8
+        mfma_f32_16x16_dense(w, V, VF, dst, a0, b0, c0, per_lane)
         return NO_FAULT
     fa, fb = P[i, F_FORMAT] & 0xF, P[i, F_FORMAT] >> 4
     sa, sb = P[i, F_SCALE0] - 256, P[i, F_SCALE1] - 256
@@ -1460,6 +1579,10 @@ def run_wave(P, w, S, V, VF, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL,
                 return
         elif klass == O.BUFFER or klass == O.GLOBAL or klass == O.ATOMIC:
             if vmem(P, i, w, S, V, T, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, d, ex, op):
+                WS[w, WS_PC] = i
+                return
+        elif klass == O.SCRATCH:
+            if scratch(P, i, w, S, V, WS, ALLOC, BUFS, ABYTES, CNT, CTL, d, ex, op):
                 WS[w, WS_PC] = i
                 return
         elif klass == O.LDS or op == O.OP_DS_SWIZZLE_B32 or op == O.OP_DS_BPERMUTE_B32:

@@ -25,7 +25,7 @@ from . import ops
 FIELDS = 27
 
 # F_FLAGS bits.
-FLAG_OFFEN, FLAG_SC0, FLAG_SC1, FLAG_NT, FLAG_SDWA, FLAG_SADDR_OFF, FLAG_DPP = (1 << i for i in range(7))
+FLAG_OFFEN, FLAG_SC0, FLAG_SC1, FLAG_NT, FLAG_SDWA, FLAG_SADDR_OFF, FLAG_DPP, FLAG_SVE = (1 << i for i in range(8))
 
 VGPR0 = 256  # operand codes from 256 name VGPRs
 LITERAL = 255  # the operand code of the instruction's 32-bit literal
@@ -155,7 +155,7 @@ class _Decoder:
             row[F_OPSEL] = f.get("opsel", 0)
             if kind == "VOP3SD":
                 row[F_SDST] = f["sdst"]
-            if base == "V_BITOP3_B32":  # its truth table sits in the OMOD, ABS and NEG fields
+            if base in ("V_BITOP3_B32", "V_BITOP3_B16"):  # its truth table sits in the OMOD, ABS and NEG fields
                 row[F_FORMAT] = f["omod"] << 6 | f["abs"] << 3 | f["neg"]
                 row[F_NEG] = row[F_ABS] = 0
             elif f.get("omod") or f.get("clmp"):
@@ -213,8 +213,21 @@ class _Decoder:
             row[F_BASE], row[F_OFFSET] = f["saddr"], _sext(f["offset"], 13)
             row[F_FLAGS] |= (FLAG_SC0 * f["sc0"] | FLAG_SC1 * f["sc1"] | FLAG_NT * f["nt"]
                              | FLAG_SADDR_OFF * (f["saddr"] == NULL_SADDR))
+        elif kind == "SCRATCH":
+            # Architected flat scratch (gfx940+): the lane's private address is SADDR (unless
+            # "off") + VADDR (when SVE) + the signed offset, in that lane's own private segment.
+            if f["seg"] != 1 or f["acc"]:
+                self.refuse(f"{base} outside the scratch segment, or with acc", address)
+            row[F_DST], row[F_SRC0], row[F_SRC1] = f["vdst"], f["addr"], f["data"]
+            row[F_BASE], row[F_OFFSET] = f["saddr"], _sext(f["offset"], 13)
+            row[F_FLAGS] |= FLAG_SADDR_OFF * (f["saddr"] == NULL_SADDR) | FLAG_SVE * f["sve"]
         else:
             self.refuse(f"encoding {kind} ({base})", address)
+        # v_cndmask_b32's VOP3 neg / abs act on the sources' sign bits as on floats (LLVM folds
+        # fneg / fabs of a select into them: SIInstrInfo, VOP2Instructions.td's V_CNDMASK_B32_e64
+        # takes FP source modifiers)
+        if base == "V_CNDMASK_B32":
+            floating = True
         if not floating and (row[F_NEG] or row[F_ABS]) and kind != "VOP3SD":
             self.refuse(f"{base} with neg / abs on an integer operation", address)
         return row, branch

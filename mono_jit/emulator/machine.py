@@ -223,8 +223,6 @@ class _State:
         for launch in launches:
             if not 0 <= launch.device < machine.devices:
                 raise ValueError(f"device {launch.device}: the machine has devices 0..{machine.devices - 1}")
-            if launch.code.descriptor.private_segment_size:
-                raise CodeObjectError(f"{launch.code.name}: scratch (private segment) is not emulated")
             table = launch.code.program.table.copy()
             table[:, F_NEXT] += rows  # each launch's rows follow the ones before in one table
             table[:, F_TARGET] += rows
@@ -238,12 +236,27 @@ class _State:
             buffer[:len(launch.kernarg)] = np.frombuffer(launch.kernarg, np.uint8)
             machine.register(buffer, f"kernarg[{index}]", writable=False)
             self.kernargs.append(buffer)
+        self.scratch = [self._private_segments(index, launch) for index, launch in enumerate(launches)]
         self._build_waves()
         self._build_memory()
 
+    def _private_segments(self, index: int, launch: Launch) -> np.ndarray | None:
+        """The launch's scratch: the private_segment_fixed_size of its kernel descriptor for
+        every lane of every wave (zeroed; registered writable), or None when it asks for none."""
+        private = launch.code.descriptor.private_segment_size
+        if not private:
+            return None
+        if private % 4:
+            raise CodeObjectError(f"{launch.code.name}: private segment of {private} bytes, not whole dwords")
+        threads = launch.block[0] * launch.block[1] * launch.block[2]
+        workgroups = launch.grid[0] * launch.grid[1] * launch.grid[2]
+        buffer = np.zeros(workgroups * -(-threads // WAVE) * WAVE * private, np.uint8)
+        self.machine.register(buffer, f"scratch[{index}]")
+        return buffer
+
     def release(self) -> None:
-        """Unregister the launch's kernarg buffers."""
-        for buffer in self.kernargs:
+        """Unregister the launch's kernarg and scratch buffers."""
+        for buffer in self.kernargs + [b for b in self.scratch if b is not None]:
             self.machine.unregister(buffer)
 
     def _build_waves(self) -> None:
@@ -276,8 +289,13 @@ class _State:
         for c, (n_waves, first, lds) in enumerate(ctas):
             self.CTA[c] = (n_waves, 0, first, lds)
         self.wave_info = []
+        first_wave: dict[int, int] = {}
         for w, (index, launch, cta, (x, y, z), wave, threads) in enumerate(waves):
             kd = launch.code.descriptor
+            if self.scratch[index] is not None:  # the wave's block of its launch's scratch
+                k = w - first_wave.setdefault(index, w)
+                self.WS[w, core.WS_PRIVATE] = kd.private_segment_size
+                self.WS[w, core.WS_SCRATCH] = self.scratch[index].ctypes.data + k * WAVE * kd.private_segment_size
             self.WS[w, core.WS_PC] = self.row0[index] + launch.code.program.entry
             self.WS[w, core.WS_CTA] = cta
             self.WS[w, core.WS_DEVICE] = launch.device
@@ -359,6 +377,9 @@ class _State:
             return f"unaligned {size}-byte access at {address:#x} (LDS and atomics need dword alignment): {at}"
         if kind == core.FAULT_LDS:
             return f"LDS access of {size} bytes at {address:#x}, past the workgroup's {detail} bytes: {at}"
+        if kind == core.FAULT_PRIVATE:
+            return (f"scratch access of {size} bytes at private address {address:#x}, past the work-item's "
+                    f"{detail}-byte private segment (the descriptor's private_segment_fixed_size): {at}")
         if kind == core.FAULT_EXEC:
             return f"MFMA with a partial EXEC mask ({address & (2**64 - 1):#018x}) is not modelled: {at}"
         return f"operand form not modelled (case {detail}, value {address:#x}): {at}"

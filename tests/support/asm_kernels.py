@@ -29,14 +29,18 @@ _TEMPLATE = """.amdgcn_target "amdgcn-amd-amdhsa--gfx950"
   .amdhsa_group_segment_fixed_size {lds}
   .amdhsa_float_denorm_mode_32 {denorm32}
   .amdhsa_float_denorm_mode_16_64 3
+  .amdhsa_enable_private_segment {private}
+  .amdhsa_private_segment_fixed_size {scratch}
 .end_amdhsa_kernel
 """
 
 
-def assemble(body: str, *, name: str = "k", vgprs: int = 32, lds: int = 0, denorm32: int = 3) -> bytes:
+def assemble(body: str, *, name: str = "k", vgprs: int = 32, lds: int = 0, denorm32: int = 3, scratch: int = 0) -> bytes:
     """A HSACO holding one kernel whose code is `body` (kernarg pointer in s[0:1], workgroup id
-    x in s2, work-item ids in v0). `denorm32` is the descriptor's f32 denormal mode (3: kept)."""
-    source = _TEMPLATE.format(name=name, body=body, vgprs=vgprs, lds=lds, denorm32=denorm32)
+    x in s2, work-item ids in v0). `denorm32` is the descriptor's f32 denormal mode (3: kept);
+    `scratch` the bytes of private segment each work-item gets."""
+    source = _TEMPLATE.format(name=name, body=body, vgprs=vgprs, lds=lds, denorm32=denorm32,
+                              private=int(scratch > 0), scratch=scratch)
     with tempfile.TemporaryDirectory() as folder:
         asm, obj, hsaco = (Path(folder) / f"k.{ext}" for ext in ("s", "o", "hsaco"))
         asm.write_text(source)

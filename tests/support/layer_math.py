@@ -871,9 +871,11 @@ def query(qr: torch.Tensor, w: CheckpointLayer, heads: slice = slice(0, HEADS)) 
     return q.view(qr.shape[0], -1, D)
 
 
-def decode_layer(step: LayerStep, w: CheckpointLayer, tp: int = TP) -> LayerExpected:
+def decode_layer(step: LayerStep, w: CheckpointLayer, tp: int = TP, o: torch.Tensor | None = None) -> LayerExpected:
     """The layer's decode step as vLLM's ROCm path computes it with mono's MXFP8 activations (the
-    module docstring lists every rounding point), the ranks' shares summed in rank order."""
+    module docstring lists every rounding point), the ranks' shares summed in rank order. `o`
+    (bf16 [M, heads, 512]): a kernel's own attention output to carry on from instead of
+    dense_attention's, to check the stages after it from their own input."""
     m = step.residual.shape[0]
     seam_a = attention_seam(step, w)
     r, post_a, comb_a, normed = seam_a["r"], seam_a["post"], seam_a["comb"], seam_a["normed"]
@@ -883,7 +885,8 @@ def decode_layer(step: LayerStep, w: CheckpointLayer, tp: int = TP) -> LayerExpe
     swa_cache = step.swa_cache.clone()
     insert_records(swa_cache, records, step.slot_mapping, step.swa_page_stride, step.swa_block)
     # the sparse attention over the cache after the insert, the inverse RoPE, wo_a, wo_b per rank
-    o = dense_attention(q, step_keys(step, swa_cache), w.attn_sink)
+    if o is None:
+        o = dense_attention(q, step_keys(step, swa_cache), w.attn_sink)
     xo = mx8(inverse_rope_vllm(o, w.cos_sin, step.positions, torch.float32).flatten(1))
     z = torch.cat([block_gemv(xo[:, g * GROUP_K:(g + 1) * GROUP_K], w.wo_a[g * O_LORA:(g + 1) * O_LORA],
                               w.s_wo_a[g * O_LORA // 128:(g + 1) * O_LORA // 128]) for g in range(GROUPS)], 1)

@@ -1,17 +1,17 @@
-"""Calibration on hardware-proven code (issue 22 part 8): vLLM 0.33's own mono K1, which runs on
-MI355X, built through mono-jit's plug-in protocol (tests/vllm/upstream_k1.py) to the bytes
-../shared/research/upstream-kernels.md lists, then run on the emulator as vLLM's runner launches
+"""Calibration on hardware-proven code: vLLM 0.33's own mono K1, which runs on
+MI355X, built through mono-jit's plug-in protocol (tests/vllm/upstream_mono.py) to the bytes that
+run there (its DIGESTS), then run on the emulator as vLLM's runner launches
 it and held against tests/support/layer_math.py's formulation of its math (tests/vllm/upstream_k1_run.py).
 Agreement is the evidence that the emulator's MFMAs and memory model are the hardware's.
 
 Needs AITER's FlyDSL helpers: MONO_JIT_AITER_HELPERS names their folder (.ci/run points it at
-../shared/research/upstream/aiter); without them the tests skip, saying so.
+them); without them the tests skip, saying so.
 
-    MONO_JIT_AITER_HELPERS=../shared/research/upstream/aiter .venv/bin/python -m pytest -q -s \\
+    MONO_JIT_AITER_HELPERS=/path/to/aiter/helpers .venv/bin/python -m pytest -q -s \\
         tests/vllm/test_emulated_upstream_k1.py      # -s prints the figures of each bucket
 
 Measured on the emulator (2026-12-04; relative norm errors, max abs in brackets; the s64 build
-spills to scratch, which the emulator does not model, so it is not run):
+spills to scratch, which the emulator now models; it has not been run):
 
     bucket  wave-instr  MFMAs   r        post/comb/pre   normed   qr (own normed)  q (own qr)
     1       1,445,049   30,720  3.3e-7   0.8e-6..1.9e-6  2.3e-4   1.9e-7 (7.6e-6)  0 (0)
@@ -27,23 +27,20 @@ qr is 3.2e-3 / 2.3e-3 and q 1.2e-2 / 8.6e-3 off: a summation order flips one nor
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from cache_settings import settings_at
-from upstream_k1 import DIGESTS, NAME, helpers_problem, write_plugin
+from upstream_mono import DIGESTS, helpers_problem, kernel_symbol, prebuilt, template_name
 
-from mono_jit.cache import Store
-from mono_jit.prebuild import prebuild
 from mono_jit.spec import Spec
-from mono_jit.templates import get, registry
+from mono_jit.templates import get
 
 pytest.importorskip("vllm", reason="upstream's K1 is vLLM 0.33's (the --with-vllm set-up)")
 pytest.importorskip("flydsl", reason="building needs mono-jit[build]")
 PROBLEM = helpers_problem()  # read at collection: the session's fixtures drop MONO_JIT_* variables
 HELPERS = Path(os.environ.get("MONO_JIT_AITER_HELPERS", "."))
+NAME = template_name("k1")
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(PROBLEM is not None, reason=PROBLEM or "")]
 
 BUCKETS = (1, 8)  # emulated; 64 is built for its bytes only
@@ -52,30 +49,20 @@ SPECS = {bucket: Spec(8, 4, 1024, bucket) for bucket in (*BUCKETS, 64)}
 
 @pytest.fixture(scope="module")
 def entries(tmp_path_factory):
-    """{bucket: cache entry} of upstream's K1, prebuilt as any installed plug-in is (the generated
-    folder on sys.path; mono-jit's compile workers, kernarg and resource checks, its cache)."""
-    folder = tmp_path_factory.mktemp("upstream-k1")
-    write_plugin(folder, HELPERS)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(folder))
-        for attr in ("_registry", "_added", "_failed"):  # the plug-in is known to this module only
-            patch.setattr(registry, attr, dict(getattr(registry, attr)))
-        settings = settings_at(tmp_path_factory.mktemp("upstream-k1-cache"))
-        summary, _ = prebuild([get(NAME)], list(SPECS.values()), settings, jobs=1, timeout=900)
-        assert not summary.failed, summary.failed
-        yield {entry.meta["spec"]["max_tokens"]: entry for entry in Store(settings).entries()}
-        sys.modules.pop("mono_jit_upstream_k1", None)
+    """{bucket: cache entry} of upstream's K1, prebuilt as any installed plug-in is."""
+    with prebuilt({"k1": SPECS.values()}, tmp_path_factory.mktemp("upstream-k1"),
+                  tmp_path_factory.mktemp("upstream-k1-cache"), HELPERS) as built:
+        yield {spec.max_tokens: entry for (_, spec), entry in built.items()}
 
 
 def test_upstream_k1_builds_to_the_hardware_proven_bytes(entries):
     assert sorted(entries) == sorted(SPECS)
     for bucket, entry in entries.items():
-        symbol = f"dsv4_mono_k1_s{bucket}_tp8_r4_tl0_f1" + "_a2" * (bucket >= 42)  # two hops from 42 rows
-        assert [k["name"] for k in entry.meta["kernels"]] == [f"_ZN5aiter{len(symbol)}{symbol}E"]
-        want = DIGESTS.get(SPECS[bucket])
+        assert [k["name"] for k in entry.meta["kernels"]] == [kernel_symbol("k1", SPECS[bucket])]
+        want = DIGESTS["k1"].get(SPECS[bucket])
         if want is not None:
             assert (entry.meta["hsaco"]["sha256"][:16], entry.meta["hsaco"]["size"]) == want
-    assert {SPECS[1], SPECS[64]} <= set(DIGESTS)
+    assert {SPECS[1], SPECS[64]} <= set(DIGESTS["k1"])
 
 
 @pytest.fixture(scope="module")

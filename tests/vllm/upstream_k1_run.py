@@ -1,4 +1,4 @@
-"""Run vLLM 0.33's K1 code object (tests/vllm/upstream_k1.py builds it) on an emulated gfx950 the way
+"""Run vLLM 0.33's K1 code object (tests/vllm/upstream_mono.py builds it) on an emulated gfx950 the way
 vLLM's mono/runner.py launches it, and hold its outputs against tests/support/layer_math.py's formulation of
 the same math (`attention_seam`, `qkv_norms`, `query`).
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import layer_math as lm
 import torch
-from upstream_k1 import upstream_parameters, vllm_mono_dir
+from upstream_mono import upstream_parameters, vllm_mono_dir
 
 from mono_jit.spec import Spec
 
@@ -45,13 +45,14 @@ class K1Buffers:
     weights: set[str]
 
 
-def k1_buffers(ckpt: lm.CheckpointLayer, step: lm.LayerStep) -> K1Buffers:
-    """The arguments `MonoRunner.forward` gives K1 (vllm/.../mono/runner.py), for `step`'s rows."""
+def k1_buffers(ckpt: lm.CheckpointLayer, step: lm.LayerStep, rank: int = RANK) -> K1Buffers:
+    """The arguments `MonoRunner.forward` gives K1 (vllm/.../mono/runner.py) on TP rank `rank`,
+    for `step`'s rows."""
     from vllm.models.deepseek_v4.amd.mono.dims import HC, HEAD_DIM, HIDDEN, INDEX_TOPK, MAX_TOKENS, Q_RANK, Dims
     from vllm.models.deepseek_v4.amd.mono.layer import EPOCH_WORDS, scratch_bytes
 
     m = step.residual.shape[0]
-    w = lm.front_tensors(ckpt, RANK, TP)
+    w = lm.front_tensors(ckpt, rank, TP)
     rows = MAX_TOKENS
 
     def out(*shape: int, dtype: torch.dtype) -> torch.Tensor:
@@ -78,7 +79,7 @@ def k1_buffers(ckpt: lm.CheckpointLayer, step: lm.LayerStep) -> K1Buffers:
     scalars = dict(swa_stride=step.swa_page_stride, swa_block=step.swa_block, comp_block=step.comp_block,
                    bt_stride=step.block_table.stride(0), tl=0)
     values = {**weights, **inputs, **outputs, **scalars}
-    assert set(values) == {n for n, _ in upstream_parameters(vllm_mono_dir() / "layer.py")}
+    assert set(values) == {n for n, _ in upstream_parameters(vllm_mono_dir() / "layer.py", "k1")}
     return K1Buffers(step, values, set(weights) | set(inputs))
 
 
