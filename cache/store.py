@@ -70,17 +70,23 @@ def info(name: str, message: str, *args: object) -> None:
         logging.getLogger(name).info(message, *args)
 
 
+def _first_time(message: str) -> bool:
+    """Whether this process has not reported `message` yet (and now counts it reported)."""
+    if message in _REPORTED:
+        return False
+    _REPORTED.add(message)
+    return True
+
+
 def _info_once(message: str) -> None:
     """An INFO record (`mono-jit -v`) the first time this process sees `message`."""
-    if message not in _REPORTED:
-        _REPORTED.add(message)
+    if _first_time(message):
         info(__name__, "%s", message)
 
 
 def _warn_once(message: str) -> None:
     """Log `message` the first time this process sees it (a refused layer is named once)."""
-    if message not in _REPORTED:
-        _REPORTED.add(message)
+    if _first_time(message):
         _warn("%s", message)
 
 
