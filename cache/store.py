@@ -30,7 +30,7 @@ from typing import Iterator
 
 from mono_jit.config import Settings
 from mono_jit.errors import InvalidCodeObject, MonoJitError, UntrustedRoot
-from mono_jit.hsaco import MACH_BY_ARCH, check_header
+from mono_jit.elf_header import MACH_BY_ARCH, check_header
 
 from .digest import sha256
 from .fs import UnsafeFile, make_dirs, read_regular, remove, write_new

@@ -21,11 +21,11 @@ from mono_jit.cache.store import META_SCHEMA
 
 from . import __version__, resources
 from .errors import CompileError, InvalidCodeObject, TemplateError
-from .hsaco import KernelInfo, inspect_code_object
 from .spec import Spec
 from .templates import Template, checks
 
-if TYPE_CHECKING:  # workers pulls in multiprocessing: keep it off the cache-hit path
+if TYPE_CHECKING:  # workers pulls in multiprocessing, hsaco defines records: both off the cache-hit path
+    from .hsaco import KernelInfo
     from .workers import Outcome
 
 
@@ -67,6 +67,8 @@ class BuildJob:
 
     def finish(self, store: Store, outcome: "Outcome") -> Entry:
         """Check a worker's outcome and publish it; CompileError/ResourceError say why not."""
+        from .hsaco import inspect_code_object
+
         if outcome.status != "ok":
             raise CompileError(_failure_message(self, outcome.status, outcome.value))
         result = outcome.value

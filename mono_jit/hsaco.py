@@ -1,4 +1,4 @@
-"""Reading AMDGPU code objects: the ELF header check and the kernel metadata note.
+"""Reading AMDGPU code objects: the kernel metadata note (the header check is elf_header.py).
 
 The metadata is the msgpack ``NT_AMDGPU_METADATA`` note (LLVM's AMDGPUUsage, "Code Object Metadata";
 FlyDSL's artifact carries it unchanged):
@@ -8,15 +8,11 @@ symbol, kernarg layout, register counts, LDS, scratch, spills and wave size per 
 from __future__ import annotations
 
 import io
-import struct
 from dataclasses import asdict, dataclass, field
 
+from .elf_header import check_header
 from .errors import InvalidCodeObject
 
-EM_AMDGPU = 224
-EF_AMDGPU_MACH_MASK = 0xFF
-MACH_BY_ARCH = {"gfx942": 0x4C, "gfx950": 0x4F}
-CODE_OBJECT_V6_ABI = 4  # EI_ABIVERSION for code object v6 (FlyDSL emits abi=600)
 NT_AMDGPU_METADATA = 32
 
 
@@ -67,33 +63,6 @@ def _kernel_info(raw: dict) -> KernelInfo:
         max_workgroup_size=raw[".max_flat_workgroup_size"],
         reqd_workgroup_size=tuple(raw.get(".reqd_workgroup_size", ())),
     )
-
-
-# Fixed offsets of the ELF64 little-endian header fields the load check needs. Every cache load
-# runs this check; reading three fields with struct keeps pyelftools (about 20 ms to import) off
-# that path. The metadata note, which needs real ELF parsing, still goes through pyelftools.
-_ELF64_LSB = b"\x7fELF\x02\x01"
-_EI_ABIVERSION = 8
-_E_MACHINE = struct.Struct("<H")  # at 18
-_E_FLAGS = struct.Struct("<I")  # at 48
-
-
-def check_header(data: bytes, arch: str) -> None:
-    """Raise unless `data` is an ELF code object v6 for the AMDGPU `arch`."""
-    if len(data) < 64 or data[:4] != b"\x7fELF":
-        raise InvalidCodeObject(f"not an ELF file ({len(data)} bytes)")
-    if data[:6] != _ELF64_LSB:
-        raise InvalidCodeObject("not a 64-bit little-endian ELF file")
-    (machine,) = _E_MACHINE.unpack_from(data, 18)
-    if machine != EM_AMDGPU:
-        raise InvalidCodeObject(f"e_machine {machine}: expected AMDGPU ({EM_AMDGPU})")
-    (flags,) = _E_FLAGS.unpack_from(data, 48)
-    mach = flags & EF_AMDGPU_MACH_MASK
-    if mach != MACH_BY_ARCH[arch]:
-        raise InvalidCodeObject(f"e_flags {flags:#x}: machine {mach:#x} is not {arch} ({MACH_BY_ARCH[arch]:#x})")
-    abi = data[_EI_ABIVERSION]
-    if abi != CODE_OBJECT_V6_ABI:
-        raise InvalidCodeObject(f"EI_ABIVERSION {abi}: expected {CODE_OBJECT_V6_ABI} (code object v6)")
 
 
 def read_metadata(data: bytes) -> tuple[str, list[KernelInfo]]:

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .errors import ResourceError
-from .hsaco import KernelInfo
+
+if TYPE_CHECKING:  # a cache hit imports this module (Budget) but never the code object records
+    from .hsaco import KernelInfo
 
 MI355X_CUS = 256
 SIMDS_PER_CU = 4

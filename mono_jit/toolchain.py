@@ -11,7 +11,6 @@ compute cache keys cheaply.
 
 from __future__ import annotations
 
-import glob
 import importlib.util
 import json
 import os
@@ -142,6 +141,26 @@ def lld_version(path: Path) -> str:
     return ".".join(g for g in match.groups() if g is not None)
 
 
+def _expand(pattern: str) -> list[str]:
+    """The existing paths `pattern` names, sorted, where a component may end in ``*`` (any
+    non-hidden name with that prefix): what glob.glob finds for such patterns, one listdir per
+    wildcard level, without importing glob and fnmatch on the cache-hit path."""
+    found = ["/"]
+    for part in pattern.strip("/").split("/"):
+        if not part.endswith("*"):
+            found = [os.path.join(folder, part) for folder in found if os.path.lexists(os.path.join(folder, part))]
+            continue
+        prefix, matched = part[:-1], []
+        for folder in found:
+            try:
+                names = os.listdir(folder)
+            except OSError:  # not a folder, or unreadable: glob finds nothing below it either
+                continue
+            matched += [os.path.join(folder, n) for n in names if n.startswith(prefix) and not n.startswith(".")]
+        found = matched
+    return sorted(found)
+
+
 def _which(name: str) -> Path | None:
     """shutil.which(name) for a POSIX PATH, without importing shutil on the cache-hit path."""
     for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
@@ -163,7 +182,7 @@ def _lld_candidates(settings: Settings) -> Iterator[Path]:
     on_path = _which("ld.lld")
     if on_path:
         yield on_path
-    versioned = glob.glob("/usr/lib/llvm-*/bin/ld.lld")
+    versioned = _expand("/usr/lib/llvm-*/bin/ld.lld")
     versioned.sort(key=lambda p: int(re.search(r"llvm-(\d+)", p).group(1)), reverse=True)  # type: ignore[union-attr]
     yield from (Path(p) for p in versioned)
 
@@ -202,8 +221,8 @@ def find_bitcode(settings: Settings) -> Path:
     else:
         groups = (
             lambda: [Path(r) / "amdgcn" / "bitcode" for r in (os.environ.get("ROCM_PATH"), "/opt/rocm") if r],
-            lambda: [Path(p) for p in sorted(glob.glob("/usr/lib/*/amdgcn/bitcode"))],
-            lambda: [Path(p) for p in sorted(glob.glob("/usr/lib/llvm-*/lib/clang/*/lib/amdgcn/bitcode"))],
+            lambda: [Path(p) for p in _expand("/usr/lib/*/amdgcn/bitcode")],
+            lambda: [Path(p) for p in _expand("/usr/lib/llvm-*/lib/clang/*/lib/amdgcn/bitcode")],
         )
     for group in groups:
         for folder in group():
@@ -219,9 +238,10 @@ def find_bitcode(settings: Settings) -> Path:
 
 def bitcode_files(folder: Path) -> list[Path]:
     """The .bc files of a bitcode folder, sorted (what `folder.glob("*.bc")` finds: no hidden
-    names; one listdir instead of pathlib's pattern matching)."""
-    return [folder / name for name in sorted(os.listdir(folder))
-            if name.endswith(".bc") and not name.startswith(".") and os.path.isfile(folder / name)]
+    names; one scandir instead of pathlib's pattern matching and a stat per name)."""
+    with os.scandir(folder) as found:
+        names = [e.name for e in found if e.name.endswith(".bc") and not e.name.startswith(".") and e.is_file()]
+    return [folder / name for name in sorted(names)]
 
 
 def bitcode_digest(folder: Path) -> str:
@@ -240,7 +260,8 @@ def flydsl_dist_info() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ToolchainError("FlyDSL is not installed (mono-jit's build extra brings FlyDSL 0.5.0)")
     site = Path(next(iter(spec.submodule_search_locations))).parent
-    found = sorted(site.glob(f"{FLYDSL_DIST}-*.dist-info"))
+    found = [site / name for name in sorted(os.listdir(site))
+             if name.startswith(f"{FLYDSL_DIST}-") and name.endswith(".dist-info")]
     if len(found) != 1:
         raise ToolchainError(f"expected one {FLYDSL_DIST}-*.dist-info in {site}, found {len(found)}: reinstall FlyDSL")
     return found[0]

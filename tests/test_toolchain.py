@@ -1,12 +1,30 @@
 """Toolchain probes and the cache-hit path's imports."""
 
+import glob
 import json
 import os
 import subprocess
 import sys
 
+import pytest
+
 from cache_settings import settings_at
-from mono_jit.toolchain import ProbeMemo, resolve_toolchain
+from mono_jit.toolchain import ProbeMemo, _expand, resolve_toolchain
+
+
+@pytest.mark.parametrize("pattern", ["*/amdgcn/bitcode", "llvm-*/bin/ld.lld", "llvm-*/lib/clang/*/lib/amdgcn/bitcode",
+                                     "llvm-*", "none-*/x", "file/amdgcn/bitcode"])
+def test_expand_finds_what_glob_finds(tmp_path, pattern):
+    """The toolchain search's listdir expansion answers as glob.glob does: hidden names skipped,
+    a file where a folder is expected found nothing below it, results sorted."""
+    for path in ("a/amdgcn/bitcode", ".hidden/amdgcn/bitcode", "b/amdgcn", "llvm-19/bin/ld.lld", "llvm-22/bin/ld.lld",
+                 "llvm-20/lib/clang/20/lib/amdgcn/bitcode", "llvm-20/lib/clang/.x/lib/amdgcn/bitcode", "llvmx/bin/ld.lld"):
+        (tmp_path / path).mkdir(parents=True)
+    (tmp_path / "file").write_text("")
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "amdgcn").write_text("")  # a file named like the folder
+    full = f"{tmp_path}/{pattern}"
+    assert _expand(full) == sorted(glob.glob(full))
 
 
 def test_probe_memo_reprobes_only_when_the_file_changes(tmp_path):

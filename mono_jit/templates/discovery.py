@@ -45,6 +45,8 @@ def _normalise(name: str) -> str:
 
 def parse_group(text: str, distribution: str) -> list[Declaration]:
     """The declarations of GROUP in an entry_points.txt (INI: [group] then `name = value`)."""
+    if GROUP not in text:  # most distributions declare other groups only: no line to read
+        return []
     found, inside = [], False
     for raw in text.splitlines():
         line = raw.strip()
