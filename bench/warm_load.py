@@ -49,7 +49,7 @@ MONO_JIT = """
 import time, sys
 import dataclasses, enum, functools, inspect, json, pathlib, re, struct, typing  # stdlib: untimed
 t = time.perf_counter()
-from mono_jit.resolve import resolve
+from mono_jit.resolution import resolve
 from mono_jit.spec import Spec
 spec, other = (Spec.from_dict(s) for s in json.loads(sys.argv[2]))
 r = resolve(sys.argv[1], spec)
@@ -85,7 +85,7 @@ GRID = """
 import time, sys
 import dataclasses, enum, functools, inspect, json, pathlib, re, struct, typing  # stdlib: untimed
 t = time.perf_counter()
-from mono_jit.resolve import resolve_many
+from mono_jit.resolution import resolve_many
 from mono_jit.spec import Spec
 pairs = [(name, Spec.from_dict(spec)) for name, spec in json.loads(sys.argv[1])]
 resolved = resolve_many(pairs)

@@ -1,4 +1,5 @@
-"""push / pull: the cache as OCI artifacts in a container registry (see mono_jit.cache.oci)."""
+"""push / pull: the cache as OCI artifacts in a container registry, the faces of mono_jit.api.push
+and mono_jit.api.pull."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from mono_jit.config import Settings
+from mono_jit import api
+from mono_jit.errors import RemoteError
 
 from .context import cache_dir_option, settings_for
 from .options import emit_json, guarded, human_bytes, json_option, template_option
@@ -17,19 +19,10 @@ insecure_option = click.option(
 
 
 def _reference(ctx: click.Context, param: click.Parameter, value: str):  # type: ignore[no-untyped-def]
-    from mono_jit.cache.oci.reference import parse_reference
-
     try:
-        return parse_reference(value)
-    except ValueError as exc:
+        return api.registry_reference(value)
+    except RemoteError as exc:
         raise click.BadParameter(str(exc), param_hint="REF") from None
-
-
-def _registry(ref, settings: Settings, insecure: bool):  # type: ignore[no-untyped-def]
-    from mono_jit.cache.oci.client import Registry  # imports oras: only these commands need it
-
-    plain = insecure or ref.registry in settings.remote_insecure  # type: ignore[operator]
-    return Registry(ref, insecure=plain, timeout=float(settings.remote_timeout))  # type: ignore[arg-type]
 
 
 @click.command()
@@ -50,12 +43,7 @@ def push(ref, templates, replace, insecure, cache_dir, as_json):
     REGISTRY_AUTH_FILE, ORAS_USER / ORAS_PASS) and never stored.
     REF is an OCI reference, e.g. registry.example/team/mono-jit:dsv4-pro-tp8
     """
-    from mono_jit.cache import Store
-    from mono_jit.cache.oci.transfer import push as push_entries
-
-    settings = settings_for(cache_dir)
-    entries = [e for e in Store(settings).served() if templates is None or e.meta["template"] in templates]
-    report = push_entries(_registry(ref, settings, insecure), entries, replace=replace)
+    report = api.push(ref, templates=templates, replace=replace, insecure=insecure, settings=settings_for(cache_dir))
     if as_json:
         emit_json("push", report)
         return
@@ -82,12 +70,7 @@ def pull(ref, image_layer, insecure, cache_dir, as_json):
     REF is an OCI reference, e.g. registry.example/team/mono-jit:dsv4-pro-tp8
     In a Dockerfile: RUN mono-jit pull REF --image-layer /opt/mono-jit
     """
-    from mono_jit.cache import Store
-    from mono_jit.cache.oci.transfer import pull as pull_entries
-
-    settings = settings_for(cache_dir)
-    store = Store(settings, read_only=image_layer is not None)  # into an image layer: no writable cache made
-    report = pull_entries(_registry(ref, settings, insecure), store, image_layer)
+    report = api.pull(ref, image_layer=image_layer, insecure=insecure, settings=settings_for(cache_dir))
     if as_json:
         emit_json("pull", report)
         return

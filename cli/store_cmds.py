@@ -128,12 +128,7 @@ def explain(templates, tp, ratio, max_model_len, topk_width, max_tokens, arch, c
     else:
         click.echo(f"miss ({report.miss_kind}): {report.label}: {report.reason}")
         if report.nearest is None:
-            from mono_jit.health import cannot_compile_here
-            from mono_jit.resolve import build_elsewhere, prebuild_command
-
-            fill = prebuild_command(template, spec)
-            click.echo(f"no {template} entry at all; "
-                       + (f"run {fill}" if cannot_compile_here() is None else build_elsewhere(fill)))
+            click.echo(f"no {template} entry at all; {api.fill_advice(template, spec)}")
         else:
             click.echo(f"nearest entry {report.nearest[:16]} differs in:")
             for row in report.differences:

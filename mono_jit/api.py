@@ -1,5 +1,5 @@
-"""mono-jit's Python API: one function per thing the ``mono-jit`` command line does, which the CLI
-only parses arguments for and prints (``from mono_jit import prebuild, verify, ...``).
+"""mono-jit's Python API: one function per thing the ``mono-jit`` command line does (the CLI's only
+face onto the package: it parses arguments, calls one of these and prints the report).
 
 Every function takes ``settings`` (default: ``Settings()`` from the environment) and returns a
 report object with ``as_dict()``; a failure it cannot report as data is a one-line MonoJitError
@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from mono_jit.cache import Entry, Store
 from mono_jit.cache.gc import GcReport
@@ -26,20 +26,24 @@ from .errors import MonoJitError, ToolchainError
 from .diagnosis import Explanation
 from .inventory import Listing
 from .progress import Progress, Silent
-from .resolve import Resolved, resolve, resolve_many
+from .resolution import Resolved, resolve, resolve_many
 from .spec import RATIOS, STANDARD_MAX_TOKENS, Spec, deployment_grid
 from .templates import Template, all_templates, get
 from .verification import VerifyReport
 
 if TYPE_CHECKING:  # these load when used
     from mono_jit.cache.bundle import Exported
+    from mono_jit.cache.oci.client import Registry
+    from mono_jit.cache.oci.reference import Reference
 
     from .deployment import GridCheck
+    from .selfcheck import KernelCheck
 
 __all__ = ["Checks", "Explanation", "Listing", "PrebuildReport", "Resolved", "StatsReport", "VerifyReport",
-           "cannot_compile_here", "check_grid", "clear", "default_jobs", "describe_toolchain", "doctor", "explain",
-           "export", "find_entry", "gc", "import_bundle", "list_entries", "prebuild", "resolve", "resolve_many", "stats",
-           "verify"]
+           "cannot_compile_here", "check_grid", "clear", "default_jobs", "describe_toolchain", "doctor",
+           "emulate_extra_missing", "explain", "export", "fill_advice", "find_entry", "gc", "import_bundle",
+           "list_entries", "prebuild", "pull", "push", "registry_reference", "resolve", "resolve_many", "selftest",
+           "selftest_emulated", "stats", "verify"]
 
 
 def default_jobs() -> int:
@@ -179,6 +183,15 @@ def explain(template: str | Template, spec: Spec, *, settings: Settings | None =
     return run(store, template, spec, own, how)
 
 
+def fill_advice(template: str, spec: Spec) -> str:
+    """What fills a missing entry of `template` at `spec`: 'run <the prebuild command whose grid
+    holds it>', or on a host that cannot compile, where to run it and how to ship the result."""
+    from .resolution import build_elsewhere, prebuild_command
+
+    fill = prebuild_command(template, spec)
+    return f"run {fill}" if cannot_compile_here() is None else build_elsewhere(fill)
+
+
 def list_entries(templates: Iterable[str] | None = None, *, settings: Settings | None = None) -> Listing:
     """The served entries (read-only layers first), of the named templates only when given,
     each "ok" or "stale", and each layer's size."""
@@ -286,3 +299,85 @@ def stats(*, zero: bool = False, settings: Settings | None = None) -> StatsRepor
     held = listing(store)
     return StatsReport(totals.counters.as_dict(), totals.since, len(held.entries), held.total_bytes, held.layers,
                        writable)
+
+
+def registry_reference(text: str) -> Reference:
+    """An OCI reference (REGISTRY/REPOSITORY[:TAG][@sha256:DIGEST]) parsed; RemoteError saying
+    what was expected."""
+    from mono_jit.cache.oci.reference import parse_reference
+
+    from .errors import RemoteError
+
+    try:
+        return parse_reference(text)
+    except ValueError as exc:
+        raise RemoteError(str(exc)) from None
+
+
+def _registry(ref: str | Reference, settings: Settings, insecure: bool) -> Registry:
+    from mono_jit.cache.oci.client import Registry  # imports oras: only push and pull need it
+
+    ref = registry_reference(ref) if isinstance(ref, str) else ref
+    plain = insecure or ref.registry in settings.remote_insecure  # type: ignore[operator]
+    return Registry(ref, insecure=plain, timeout=float(settings.remote_timeout))  # type: ignore[arg-type]
+
+
+def push(ref: str | Reference, *, templates: Iterable[str] | None = None, replace: bool = False,
+         insecure: bool = False, settings: Settings | None = None) -> dict:
+    """Push the served entries (of the named templates only, when given) to the registry as one
+    OCI artifact: a blob per entry REF does not list yet, one manifest listing them (with
+    `replace`, only these). Plain HTTP with `insecure` or when MONO_JIT_REMOTE_INSECURE names
+    the registry. Returns {added, uploaded, bytes, already_listed, listed, manifest_written}."""
+    from mono_jit.cache.oci.transfer import push as push_entries
+
+    settings = _settings(settings)
+    names = None if templates is None else set(templates)
+    entries = [e for e in Store(settings).served() if names is None or e.meta["template"] in names]
+    return push_entries(_registry(ref, settings, insecure), entries, replace=replace)
+
+
+def pull(ref: str | Reference, *, image_layer: Path | None = None, insecure: bool = False,
+         settings: Settings | None = None) -> dict:
+    """Fetch the entries REF lists that the layers lack, verify each as a load does, and publish
+    them (into the writable cache, or into the read-only `image_layer`) only when all passed.
+    Returns {fetched, bytes, present, other_arch, other_arches, target}."""
+    from mono_jit.cache.oci.transfer import pull as pull_entries
+
+    settings = _settings(settings)
+    store = Store(settings, read_only=image_layer is not None)  # into an image layer: no writable cache made
+    return pull_entries(_registry(ref, settings, insecure), store, image_layer)
+
+
+def selftest(*, device: int = 0, launch: bool = True, templates: Iterable[str] | None = None,
+             specs: Iterable[Spec] | None = None, settings: Settings | None = None) -> Checks:
+    """Check the GPU (gfx950, every CU a persistent launch needs), load every cached kernel
+    through HIP, then (with `launch`) run the package's launch checks of the selected templates
+    (default: mono_jit.selfcheck.EMULATED_TEMPLATES) at `specs` (default: the TP8 deployment
+    grid) on the device. Without a HIP runtime the 'hip' check fails saying so and nothing else runs."""
+    from .selfcheck.gpu import check_gpu
+
+    chosen = list(specs) if specs is not None else deployment_grid()
+    return check_gpu(_settings(settings), None if templates is None else tuple(templates), chosen, device, launch)
+
+
+def emulate_extra_missing() -> list[str]:
+    """The packages of mono-jit's emulate extra that are not installed ([] when selftest_emulated can run)."""
+    import importlib.util
+
+    return [name for name in ("numba", "tinygrad") if importlib.util.find_spec(name) is None]
+
+
+def selftest_emulated(*, templates: Iterable[str] | None = None, specs: Iterable[Spec] | None = None,
+                      settings: Settings | None = None,
+                      progress: Callable[[str], None] | None = None) -> list[KernelCheck]:
+    """`selftest`'s launch checks on an emulated gfx950 (no GPU needed), one result a kernel; a
+    kernel missing from the cache is compiled first where FlyDSL is installed. MonoJitError when
+    the emulate extra is not installed. `progress` is told each kernel before it runs."""
+    from .selfcheck import EMULATED_TEMPLATES, check_kernels
+
+    missing = emulate_extra_missing()
+    if missing:
+        raise MonoJitError(f"--emulate needs mono-jit's emulate extra: {' and '.join(missing)} not installed")
+    chosen = list(specs) if specs is not None else deployment_grid()
+    return check_kernels(tuple(templates) if templates is not None else EMULATED_TEMPLATES, chosen,
+                         _settings(settings), progress=progress)

@@ -77,7 +77,7 @@ class GridCheck:
 
 def check(templates: Iterable[Template], specs: Iterable[Spec], settings: Settings) -> GridCheck:
     """Resolve every build of `templates` x `specs` offline, from the layers alone."""
-    from .resolve import resolve_each
+    from .resolution import resolve_each
 
     # Offline and no registry: the check asks what these layers serve, and writes nothing.
     offline = settings.replaced(offline=True, remote=None)

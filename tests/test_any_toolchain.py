@@ -9,7 +9,6 @@ whose device bitcode folder holds one more .bc file, FlyDSL installed on both.""
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import os
@@ -22,14 +21,14 @@ from cache_settings import settings_at
 from mono_jit.build import BuildJob
 from mono_jit.cache import Entry, Store, cache_key
 from mono_jit.cache.store import meta_bytes, meta_digest, toolchain_record
+import mono_jit.resolution as resolver
 from mono_jit.cli import main
 from mono_jit.errors import OfflineMiss
-from mono_jit.resolve import resolve, resolve_many
+from mono_jit.resolution import resolve, resolve_many
 from mono_jit.spec import Spec
 from mono_jit.templates import get
 from mono_jit.toolchain import describe, resolve_toolchain
 
-resolver = importlib.import_module("mono_jit.resolve")  # the package's `resolve` names the function
 ROUTER, KEYTABLE = Spec(8, 4, 1024, 1), Spec(8, 128, 8192, 1)
 
 
@@ -78,7 +77,7 @@ def test_an_offline_serving_host_hits_the_build_machines_entries_with_one_log_li
                                                                                    caplog):
     built, served = fingerprints(warm_cache, serving_bitcode)
     settings = serving(warm_cache, serving_bitcode, MONO_JIT_OFFLINE="1")
-    with caplog.at_level(logging.INFO, logger="mono_jit.resolve"):
+    with caplog.at_level(logging.INFO, logger="mono_jit.resolution"):
         router, keytable = resolve_many([("router", ROUTER), ("keytable", KEYTABLE)], settings=settings)
         again = resolve("router", ROUTER, settings=settings)
     assert router.entry.key == key("router", ROUTER, built) != key("router", ROUTER, served)
@@ -126,7 +125,7 @@ def _republish(cache, template: str, spec: Spec, fingerprint: dict) -> Entry:
 def test_this_hosts_own_toolchains_entry_is_preferred(warm_cache, serving_bitcode, caplog):
     built, served = fingerprints(warm_cache, serving_bitcode)
     own = _republish(warm_cache, "router", ROUTER, served)
-    with caplog.at_level(logging.INFO, logger="mono_jit.resolve"):
+    with caplog.at_level(logging.INFO, logger="mono_jit.resolution"):
         hit = resolve("router", ROUTER, settings=serving(warm_cache, serving_bitcode, MONO_JIT_OFFLINE="1"))
         back_home = resolve("router", ROUTER, settings=settings_at(warm_cache, MONO_JIT_OFFLINE="1"))
     assert hit.entry.key == own.key == key("router", ROUTER, served)

@@ -104,12 +104,12 @@ def test_the_api_prebuilds_verifies_with_rebuild_and_explains_without_the_cli(wa
 
 
 def test_resolve_from_the_package_is_the_function_even_after_its_module_was_imported():
-    code = ("import sys, mono_jit\nheavy = sorted(m for m in sys.modules if m.startswith(('mono_jit.api', "
-            "'mono_jit.resolve', 'mono_jit.cache')))\nimport mono_jit.resolve\nfrom mono_jit import resolve\n"
-            "from mono_jit.resolve import resolve_many\nprint(heavy, callable(resolve), resolve.__module__, "
-            "callable(resolve_many))")
+    code = ("import sys, types, mono_jit\nheavy = sorted(m for m in sys.modules if m.startswith(('mono_jit.api', "
+            "'mono_jit.resolution', 'mono_jit.cache')))\nimport mono_jit.resolution\nfrom mono_jit import resolve\n"
+            "from mono_jit.resolution import resolve_many\nprint(heavy, callable(resolve), resolve.__module__, "
+            "callable(resolve_many), type(mono_jit) is types.ModuleType)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[] True mono_jit.resolve True", out.stdout
+    assert out.stdout.strip() == "[] True mono_jit.resolution True True", out.stdout
 
 
 def readme_api_snippet() -> str:

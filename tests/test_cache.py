@@ -16,7 +16,7 @@ from mono_jit.cache.bundle import export_bundle, import_bundle
 from mono_jit.errors import BundleError, UntrustedRoot
 from mono_jit.hsaco import inspect_code_object
 from mono_jit.prebuild import prebuild
-from mono_jit.resolve import resolve
+from mono_jit.resolution import resolve
 from mono_jit.templates import get
 
 
@@ -85,7 +85,7 @@ def test_world_writable_root_is_refused(tmp_path):
 
 RACE = """
 import sys
-from mono_jit.resolve import resolve
+from mono_jit.resolution import resolve
 from mono_jit.spec import Spec
 r = resolve("keytable", Spec(8, 128, 256, 2))
 print("COMPILED" if r.compiled else "HIT", r.entry.key)

@@ -15,7 +15,7 @@ from mono_jit.cli import main
 from mono_jit.config import Settings
 from mono_jit.errors import ToolchainError
 from mono_jit.health import LEAN_HOST
-from mono_jit.resolve import resolve
+from mono_jit.resolution import resolve
 from mono_jit.spec import Spec
 from mono_jit.toolchain import find_linker
 from read_only_mount import read_only_mount
@@ -86,7 +86,7 @@ def test_a_miss_without_a_toolchain_says_to_build_it_on_a_build_machine_and_ship
 
 
 def test_explain_on_a_lean_host_says_where_to_build_a_template_it_has_none_of(serving_user, monkeypatch):
-    monkeypatch.setattr("mono_jit.health.cannot_compile_here", lambda: LEAN_HOST)
+    monkeypatch.setattr("mono_jit.api.cannot_compile_here", lambda: LEAN_HOST)
     result = CliRunner().invoke(main, ["explain", "--template", "k1"], env=serving_user)
     assert result.exit_code == 0, result.output
     assert ("no k1 entry at all; run mono-jit prebuild --template k1 --tp 8 --ratio 4 --max-model-len 1048576 "

@@ -21,7 +21,7 @@ from mono_jit.build import BuildJob
 from mono_jit.cache import Entry, Store
 from mono_jit.cli import main
 from mono_jit.errors import MonoJitError, OfflineMiss
-from mono_jit.resolve import resolve
+from mono_jit.resolution import resolve
 from mono_jit.spec import Spec, deployment_grid
 from mono_jit.templates import get
 from mono_jit.toolchain import resolve_toolchain

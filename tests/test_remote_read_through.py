@@ -15,7 +15,7 @@ from cache_settings import SMALL_SPECS, settings_at
 from oci_registry import new_ref, oci_proxy, oci_registry, pushed, remote_env  # noqa: F401  (fixtures)
 
 from mono_jit.cache import Store
-from mono_jit.resolve import resolve_many
+from mono_jit.resolution import resolve_many
 from mono_jit.spec import Spec
 
 GRID = [(name, spec) for name in ("router", "keytable") for spec in SMALL_SPECS]

@@ -8,7 +8,7 @@ import pytest
 from cache_settings import settings_at
 from mono_jit.build import BuildJob
 from mono_jit.errors import CaptureError, OfflineMiss, ToolchainError
-from mono_jit.resolve import resolve
+from mono_jit.resolution import resolve
 from mono_jit.spec import Spec
 from mono_jit.templates import get
 

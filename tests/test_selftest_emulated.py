@@ -69,9 +69,9 @@ def test_selftest_on_a_gpu_runs_the_launch_checks_that_come_with_the_package(war
     from mono_jit.runtime.backends import EmulatorBackend
 
     monkeypatch.setenv("MONO_JIT_OFFLINE", "1")
-    monkeypatch.setattr("mono_jit.cli.gpu_cmds._hip_runtime", lambda found: found.append(object()) or {})
-    monkeypatch.setattr("mono_jit.cli.gpu_cmds._device", lambda hip, index: {"arch": "gfx950", "compute_units": 256})
-    monkeypatch.setattr("mono_jit.cli.gpu_cmds._load_every_kernel", lambda hip, settings: {"loaded": 3})
+    monkeypatch.setattr("mono_jit.selfcheck.gpu.hip_runtime", lambda found: found.append(object()) or {})
+    monkeypatch.setattr("mono_jit.selfcheck.gpu.device_fits", lambda hip, index: {"arch": "gfx950", "compute_units": 256})
+    monkeypatch.setattr("mono_jit.selfcheck.gpu.load_every_kernel", lambda hip, settings: {"loaded": 3})
     devices = []
     monkeypatch.setattr("mono_jit.selfcheck.device.DeviceBackend", lambda device: devices.append(device) or
                         EmulatorBackend())
@@ -88,9 +88,9 @@ def test_a_kernel_that_differs_on_the_device_fails_the_launch_checks_by_name(war
     from mono_jit.selfcheck import cases
 
     monkeypatch.setenv("MONO_JIT_OFFLINE", "1")
-    monkeypatch.setattr("mono_jit.cli.gpu_cmds._hip_runtime", lambda found: found.append(object()) or {})
-    monkeypatch.setattr("mono_jit.cli.gpu_cmds._device", lambda hip, index: {})
-    monkeypatch.setattr("mono_jit.cli.gpu_cmds._load_every_kernel", lambda hip, settings: {})
+    monkeypatch.setattr("mono_jit.selfcheck.gpu.hip_runtime", lambda found: found.append(object()) or {})
+    monkeypatch.setattr("mono_jit.selfcheck.gpu.device_fits", lambda hip, index: {})
+    monkeypatch.setattr("mono_jit.selfcheck.gpu.load_every_kernel", lambda hip, settings: {})
     monkeypatch.setattr("mono_jit.selfcheck.device.DeviceBackend", lambda device: EmulatorBackend())
     real = cases.route
     monkeypatch.setattr(cases, "route", lambda *a: (real(*a)[0], real(*a)[1] * torch.tensor(1.1)))

@@ -73,7 +73,7 @@ def test_fingerprint_has_no_paths_and_is_stable(tmp_path):
 
 HIT = """
 import sys
-from mono_jit.resolve import resolve
+from mono_jit.resolution import resolve
 from mono_jit.spec import Spec
 assert not resolve("keytable", Spec(8, 128, 8192, 1)).compiled
 print(" ".join(m for m in ("flydsl", "torch", "filelock", "multiprocessing") if m in sys.modules))

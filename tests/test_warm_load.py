@@ -12,7 +12,7 @@ import pytest
 from cache_settings import SMALL_SPECS, settings_at
 from mono_jit.cache import Store
 from mono_jit.errors import OfflineMiss
-from mono_jit.resolve import resolve, resolve_many
+from mono_jit.resolution import resolve, resolve_many
 
 # Modules a warm load must not import: FlyDSL and its MLIR, torch, and the compile side
 # (mono_jit.build stays: it plans keys; finishing a build is only called on a miss), the code object
@@ -23,7 +23,7 @@ ABSENT_PREFIXES = ("flydsl", "_mlir", "mlir", "torch", "mono_jit.compiler", "mon
 
 GRID = """
 import json, sys
-from mono_jit.resolve import resolve_many
+from mono_jit.resolution import resolve_many
 from mono_jit.spec import Spec
 pairs = [(t, Spec.from_dict(s)) for t, s in json.loads(sys.argv[1])]
 resolved = resolve_many(pairs)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from elftools.elf.elffile import ELFFile
 
+from ..errors import MonoJitError
 from .decode import Program, decode
 
 # COMPUTE_PGM_RSRC1 FLOAT_MODE (bits 12-19): round to nearest even for f32 and f16/f64, and all
@@ -27,7 +28,7 @@ USER_SGPRS = (("private_segment_buffer", 4), ("dispatch_ptr", 2), ("queue_ptr", 
               ("dispatch_id", 2), ("flat_scratch_init", 2), ("private_segment_size", 1))
 
 
-class CodeObjectError(Exception):
+class CodeObjectError(MonoJitError):
     """A code object the emulator cannot launch (not gfx950 ELF, no kernel, unsupported mode)."""
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import MonoJitError
 from . import ops
 
 # Row fields of the instruction table.
@@ -33,7 +34,7 @@ SEL_DWORD = 6  # SDWA select: BYTE_0..3 = 0..3, WORD_0/1 = 4/5, DWORD = 6
 NULL_SADDR = 0x7F  # global_*'s saddr field when the address is a 64-bit VGPR pair ("off")
 
 
-class UnsupportedCode(Exception):
+class UnsupportedCode(MonoJitError):
     """A code object holds instructions (or modifiers) the emulator has no semantics for."""
 
 

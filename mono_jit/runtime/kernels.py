@@ -58,7 +58,7 @@ def load_grid(grid: list[GridEntry], backend: Backend,
     templates = {name: get(name) for name in {build.template for build in grid}}
     if not backend.needs_cache:
         return {b: backend.load(templates[b.template], b.spec, {}, None) for b in grid}
-    from ..resolve import resolve_many
+    from ..resolution import resolve_many
 
     resolved = resolve_many([(templates[b.template], b.spec) for b in grid], settings=settings)
     return {b: backend.load(templates[b.template], b.spec, r.meta, r.hsaco) for b, r in zip(grid, resolved)}

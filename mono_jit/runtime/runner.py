@@ -40,7 +40,7 @@ import torch
 from .. import model
 from ..config import Settings
 from ..errors import CaptureError
-from ..resolve import capturing
+from ..resolution import capturing
 from ..spec import STANDARD_MAX_TOKENS, bucket_for
 from ..templates import get
 from ..templates.k2.addressing import RECORD_CHUNK

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from .. import model
+from ..errors import MonoJitError
 from ..templates.k1.layout import HEAD_DIM, KV_LORA, MIXES, Q_LORA
 from ..templates.k1.layout import MX_BLOCK as MX  # a 32 x 32 scale block, as vLLM's _mx_scales makes them
 from ..templates.k1.layout import WEIGHT_BLOCK as CHECKPOINT_BLOCK
@@ -28,7 +29,7 @@ from ..templates.k2.layout import O_LORA
 SHARED_INTERMEDIATE = 3072
 
 
-class WeightError(ValueError):
+class WeightError(MonoJitError, ValueError):
     """A weight whose shape, dtype or layout is not what the kernels read."""
 
 

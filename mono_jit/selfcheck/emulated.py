@@ -9,7 +9,7 @@ from typing import Any, Callable
 import torch
 
 from ..config import Settings
-from ..resolve import resolve
+from ..resolution import resolve
 from ..runtime.backends import Backend, EmulatorBackend
 from ..spec import Spec
 from ..templates import get

@@ -13,11 +13,12 @@ from typing import Callable
 
 import torch
 
+from ..errors import MonoJitError
 from ..templates.k1 import reference as ref
 from ..templates.k1.layout import K1Layout
 
 
-class Mismatch(AssertionError):
+class Mismatch(MonoJitError, AssertionError):
     """An output of the kernel disagrees with its reference beyond the stated bound."""
 
 
