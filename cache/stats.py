@@ -22,8 +22,12 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .fs import make_dirs, read_regular, write_new
+
+if TYPE_CHECKING:
+    from .store import Store
 
 COUNTERS = ("hits", "misses", "compiled", "failed")
 STATS_DIR = "stats"
@@ -101,6 +105,12 @@ def count(base: Path, counts: Counters) -> None:
     if not counts.any():
         return
     _pending.setdefault(base, Counters()).add(counts)
+
+
+def count_in(store: Store, counts: Counters) -> None:
+    """``count`` for the writable layer of `store`; a store that writes nothing counts nothing."""
+    if store.writable.writable:
+        count(store.writable.base, counts)
 
 
 def flush() -> None:

@@ -69,8 +69,9 @@ def prebuild(ctx, tp, max_model_len, max_tokens, ratio, templates, arch, jobs, t
     if as_json:
         emit_json("prebuild", report.as_dict())
     else:
-        say(f"{report.jobs} builds: {report.compiled} compiled, {report.hits} hits, {len(report.failures)} failed "
-            f"in {report.seconds:.1f} s -> {report.cache_dir}")
+        fetched = f", {report.fetched} fetched from the registry" if report.fetched else ""
+        say(f"{report.jobs} builds: {report.compiled} compiled, {report.hits} hits{fetched}, {len(report.failures)} "
+            f"failed in {report.seconds:.1f} s -> {report.cache_dir}")
         if report.image_layer is not None:
             say(f"image layer {report.image_layer}: {report.image_layer_added} entries added")
     if not report.ok:

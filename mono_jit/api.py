@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable
 
 from mono_jit.cache import Entry, Store
 from mono_jit.cache.gc import GcReport
+from mono_jit.cache.stats import count_in
 
 from . import model
 from .config import Settings
@@ -73,6 +74,7 @@ class PrebuildReport:
     seconds: float
     jobs: int  # distinct keys planned
     cache_dir: str
+    fetched: int = 0  # from the registry tier (MONO_JIT_REMOTE), not compiled
     image_layer: str | None = None
     image_layer_added: int | None = None
 
@@ -90,7 +92,8 @@ def prebuild(templates: Iterable[str | Template] | None = None, *, tp: int = 8,
              image_layer: Path | None = None, settings: Settings | None = None,
              progress: Progress | None = None) -> PrebuildReport:
     """Compile the templates (default: the layer's, deployment.default_templates) at every spec of the deployment grid
-    into the writable cache; a failed build is in the report, never raised. With `image_layer`
+    into the writable cache; a failed build is in the report, never raised. With MONO_JIT_REMOTE
+    set, what its registry holds is fetched and only the rest compiled. With `image_layer`
     and no failure, the run's entries are also published there as a read-only layer any user
     can read (cache/layer.py)."""
     from .prebuild import prebuild as run
@@ -106,13 +109,12 @@ def prebuild(templates: Iterable[str | Template] | None = None, *, tp: int = 8,
                            progress=lambda event, job, detail: progress.finished(event, job.label, detail),
                            on_plan=progress.planned)
     report = PrebuildReport(summary.compiled, summary.hits, summary.failed, summary.entries, round(summary.seconds, 3),
-                            len(planned), str(settings.writable_root))
-    store = Store(settings)
-    _count(store, hits=summary.hits, misses=summary.compiled + len(summary.failed), compiled=summary.compiled,
-           failed=len(summary.failed))
+                            len(planned), str(settings.writable_root), summary.fetched)
+    count_in(Store(settings), summary.counts)
     if image_layer is not None and report.ok:
         from mono_jit.cache.layer import publish_image_layer
 
+        store = Store(settings)
         entries = [store.lookup(job.key, job.arch) for job in planned]
         missing = [job.label for job, entry in zip(planned, entries) if entry is None]
         if missing:
@@ -140,15 +142,6 @@ def check_grid(templates: Iterable[str | Template] | None = None, *, tp: int = 8
     settings = _settings(settings)
     specs = deployment_grid(tp, max_model_len, max_tokens, ratios, arch)
     return check(_deployment_templates(templates, settings), specs, settings)
-
-
-def _count(store: Store, **counts: int) -> None:
-    """Add `counts` to the writable layer's counters, in memory until the process exits (a
-    read-only store records nothing)."""
-    from mono_jit.cache.stats import Counters, count
-
-    if store.writable.writable:
-        count(store.writable.base, Counters(**counts))
 
 
 def verify(*, rebuild: bool = False, jobs: int | None = None, timeout: float = 600.0,

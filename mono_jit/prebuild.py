@@ -1,8 +1,10 @@
 """Ahead-of-time fill of the cache: every template at every spec of a deployment grid.
 
 Jobs are de-duplicated by key (a template that does not read a field compiles once across its
-values), hits are counted without compiling, and misses compile on a pool of workers under each
-key's lock (so a concurrent prebuild or serving process never compiles the same key twice).
+values), hits are counted without compiling, and misses take the steps of a miss (miss.py): each
+key's lock (so a concurrent prebuild or serving process never compiles the same key twice), a
+second look, the registry tier when MONO_JIT_REMOTE names one (what it holds is fetched, not
+compiled), then a pool of compile workers.
 While this run holds any lock it only tries locks (a busy key is tried again later) and waits
 for one only when it holds none, so two prebuilds ordering keys differently never deadlock. A
 disk error fails its job with a one-line reason; a full or read-only disk stops the run cleanly.
@@ -21,16 +23,17 @@ from typing import Callable, Iterable, Iterator
 
 from mono_jit.cache import Entry, Store
 from mono_jit.cache.fs import FULL_DISK, disk_problem
-from mono_jit.cache.lock import KeyLock, prepare_lock_dir
+from mono_jit.cache.lock import KeyLock
+from mono_jit.cache.stats import Counters
 
 from .build import BuildJob
-from .compiler import compile_here
 from .config import Settings
 from .errors import MonoJitError
+from .miss import Misses, registry_tier
 from .spec import Spec
 from .templates import Template
-from .toolchain import compile_environment, resolve_toolchain
-from .workers import Outcome, WorkerPool
+from .toolchain import resolve_toolchain
+from .workers import Outcome
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ class PlanFailure:
     key: None = None
 
 
-# (event, job, detail): event is "hit", "compiled" or "failed".
+# (event, job, detail): event is "hit", "fetched" (from the registry tier), "compiled" or "failed".
 ProgressCallback = Callable[[str, "BuildJob | PlanFailure", str], None]
 
 
@@ -54,9 +57,11 @@ ProgressCallback = Callable[[str, "BuildJob | PlanFailure", str], None]
 class PrebuildSummary:
     compiled: int = 0
     hits: int = 0
+    fetched: int = 0
     failed: list[dict] = field(default_factory=list)
     entries: list[dict] = field(default_factory=list)
     seconds: float = 0.0
+    counts: Counters = field(default_factory=Counters)  # for the writable layer's counters (api.prebuild adds them)
 
     def record(self, job: BuildJob, entry: Entry) -> None:
         self.entries.append({"key": job.key, "template": job.template.name,
@@ -67,13 +72,18 @@ class PrebuildSummary:
         self.record(job, entry)
         notify("hit", job, "")
 
+    def fetch(self, job: BuildJob, entry: Entry, notify: ProgressCallback) -> None:
+        self.fetched += 1
+        self.record(job, entry)
+        notify("fetched", job, "")
+
     def fail(self, job: BuildJob | PlanFailure, message: str, notify: ProgressCallback) -> None:
         fields = job.fields if isinstance(job, PlanFailure) else job.template.key_spec(job.spec)
         self.failed.append({"key": job.key, "template": job.template.name, "spec": fields, "error": message})
         notify("failed", job, message)
 
     def as_dict(self) -> dict:
-        return {"compiled": self.compiled, "hits": self.hits, "failed": len(self.failed),
+        return {"compiled": self.compiled, "hits": self.hits, "fetched": self.fetched, "failed": len(self.failed),
                 "failures": self.failed, "entries": self.entries, "seconds": round(self.seconds, 3)}
 
 
@@ -117,54 +127,60 @@ def prebuild(templates: list[Template], specs: list[Spec], settings: Settings, *
              progress: ProgressCallback | None = None,
              on_plan: Callable[[int], None] | None = None) -> tuple[PrebuildSummary, list[BuildJob]]:
     """Fill the cache with every template at every spec; a failed build is recorded in the
-    summary, never raised. MonoJitError (one line) when the run cannot start at all."""
+    summary, never raised, and counted in `summary.counts`. MonoJitError (one line) when the
+    run cannot start at all."""
     started = time.perf_counter()
     try:
         store = Store(settings)
         toolchain = resolve_toolchain(settings)
     except OSError as exc:
         raise MonoJitError(disk_problem(exc, "cannot open the cache", settings.writable_root)) from None
+    summary = PrebuildSummary()
+    run = Misses(settings, store, toolchain, registry_tier(settings), summary.counts)
     planned, unplannable = plan(templates, specs, toolchain.fingerprint)
     if on_plan is not None:
         on_plan(len(planned) + len(unplannable))
-    summary = PrebuildSummary()
     notify = progress or (lambda *_: None)
     for failure in unplannable:
         summary.fail(failure, failure.error, notify)
-    misses = []
+    missing = []
     for job in planned:
         entry = store.lookup(job.key, job.arch)
         if entry is None:
-            misses.append(job)
+            missing.append(job)
         else:
             summary.hit(job, entry, notify)
-    if misses:
+    if missing:
         try:
-            folder = prepare_lock_dir(settings.locks(), bool(settings.allow_shared_roots))
+            run.lock_dir()
         except OSError as exc:
             raise MonoJitError(disk_problem(exc, "cannot create the lock folder", settings.locks())) from None
-        batch = _Batch(store, folder, float(settings.lock_timeout), summary, notify)  # type: ignore[arg-type]
-        for arch in sorted({job.arch for job in misses}):
-            batch.compile([j for j in misses if j.arch == arch], compile_environment(toolchain, arch), jobs, timeout)
+        batch = _Batch(run, summary, notify)
+        for arch in sorted({job.arch for job in missing}):
+            batch.compile([j for j in missing if j.arch == arch], arch, jobs, timeout)
+    summary.counts.hits += summary.hits
+    summary.counts.misses += len(missing) + len(unplannable)
+    summary.counts.failed = len(summary.failed)  # publish counted its own; a plan, lock or disk failure is one too
     summary.seconds = time.perf_counter() - started
     return summary, planned
 
 
 class _Batch:
-    """Compiles missing jobs on a pool, each under its key's lock, re-checking the store once
-    locked. `held` maps the key of every job in flight to its lock."""
+    """Fills missing jobs (miss.py's steps) with a pool, each under its key's lock, looked up
+    again and asked of the registry tier once locked. `held` maps the key of every job in
+    flight to its lock."""
 
-    def __init__(self, store: Store, folder: Path, lock_timeout: float, summary: PrebuildSummary,
-                 notify: ProgressCallback) -> None:
-        self.store, self.folder, self.lock_timeout = store, folder, lock_timeout
+    def __init__(self, run: Misses, summary: PrebuildSummary, notify: ProgressCallback) -> None:
+        self.run, self.store = run, run.store
+        self.lock_timeout = float(run.settings.lock_timeout)  # type: ignore[arg-type]
         self.summary, self.notify = summary, notify
         self.held: dict[str, KeyLock] = {}
         self.halted: str | None = None  # why no further job starts (a full or read-only disk)
 
-    def compile(self, pending: list[BuildJob], env: dict[str, str], jobs: int, timeout: float) -> None:
+    def compile(self, pending: list[BuildJob], arch: str, jobs: int, timeout: float) -> None:
         by_key = {job.key: job for job in pending}
         try:
-            with WorkerPool(jobs, env, compile_here, timeout) as pool:
+            with self.run.pool(arch, jobs, timeout) as pool:
                 for outcome in pool.run(self._dispatch(pending)):
                     self._finish(by_key[outcome.job_id], outcome)
         finally:
@@ -191,10 +207,15 @@ class _Batch:
                 if waited is None:
                     continue
                 lock = waited
-            entry = self.store.lookup(job.key, job.arch)  # another process may have built it meanwhile
+            try:  # another process may have built it meanwhile, or the registry tier holds it
+                entry, fetched = self.run.recheck(job)
+            except OSError as exc:
+                lock.close()
+                self._disk_failure(job, exc, "cannot write it into the cache", self.store.writable.root)
+                continue
             if entry is not None:
                 lock.close()
-                self.summary.hit(job, entry, self.notify)
+                (self.summary.fetch if fetched else self.summary.hit)(job, entry, self.notify)
                 continue
             self.held[job.key] = lock
             yield job.key, job.worker_args()
@@ -228,17 +249,17 @@ class _Batch:
 
     def _open(self, job: BuildJob) -> KeyLock | None:
         try:
-            return KeyLock(self.folder, job.key, job.label)
+            return self.run.open_lock(job)
         except MonoJitError as exc:
             self.summary.fail(job, str(exc), self.notify)
         except OSError as exc:
-            self._disk_failure(job, exc, "cannot open its lock", self.folder)
+            self._disk_failure(job, exc, "cannot open its lock", self.run.lock_dir())
         return None
 
     def _finish(self, job: BuildJob, outcome: Outcome) -> None:
         """Publish one worker's outcome and record it, then release the key's lock."""
         try:
-            entry = job.finish(self.store, outcome)
+            entry = self.run.publish(job, outcome)
         except MonoJitError as exc:
             self.summary.fail(job, str(exc), self.notify)
         except OSError as exc:

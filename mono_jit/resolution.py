@@ -1,8 +1,8 @@
 """The runtime's entry point: verified HSACO bytes and metadata for one template and spec.
 
 ``resolve`` checks the store (read-only layers, then the writable one); on a miss it takes the
-key's lock, checks again and compiles in an isolated worker, so eight ranks starting together
-compile each key once. When this host's toolchain has no entry for a build (a ROCm image brings
+key's lock, checks again and compiles in an isolated worker (the steps of a miss, shared with
+prebuild: miss.py), so eight ranks starting together compile each key once. When this host's toolchain has no entry for a build (a ROCm image brings
 FlyDSL, ld.lld and bitcode of its own; a lean image has none to fingerprint), the same build by
 another toolchain the layers hold serves, verified as any entry, with one log line naming that
 toolchain; ``MONO_JIT_EXACT_TOOLCHAIN=1`` serves only this host's toolchain's entries.
@@ -27,9 +27,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from mono_jit.cache import Entry, Store
-from mono_jit.cache.stats import Counters, count
+from mono_jit.cache.stats import Counters, count_in
 from mono_jit.cache.store import info
 
 from .build import BuildJob
@@ -37,7 +38,10 @@ from .config import Settings
 from .errors import CaptureError, MonoJitError, OfflineMiss, ToolchainError
 from .spec import Spec
 from .templates import Template, get
-from .toolchain import Toolchain, compile_environment, resolve_toolchain
+from .toolchain import Toolchain, resolve_toolchain
+
+if TYPE_CHECKING:
+    from .miss import Misses
 
 
 @dataclass(frozen=True)
@@ -86,17 +90,6 @@ def build_elsewhere(command: str) -> str:
             "mono-jit export there and mono-jit import here, or an image layer on MONO_JIT_CACHE_PATH")
 
 
-def compile_job(job: BuildJob, store: Store, env: dict[str, str], timeout: float) -> Entry:
-    """Check one job, compile it in a fresh worker and publish it (the caller holds the key's lock)."""
-    job.check()
-    from .compiler import compile_here  # the miss path only: a hit never loads the compile side
-    from .workers import WorkerPool
-
-    with WorkerPool(1, env, compile_here, timeout) as pool:
-        (outcome,) = pool.run([(job.key, job.worker_args())])
-    return job.finish(store, outcome)
-
-
 def _capture_error(what: str) -> CaptureError:
     return CaptureError(
         f"mono-jit resolve({what}) was called during a graph capture: resolve every kernel in the eager warm-up step"
@@ -113,9 +106,9 @@ class _Session:
         # writable layer; offline without it, nothing is written.
         self.remote = None
         if self.settings.remote is not None:
-            from mono_jit.cache.oci.tier import RemoteTier
+            from .miss import registry_tier
 
-            self.remote = RemoteTier(self.settings)
+            self.remote = registry_tier(self.settings)
         self.store = store or Store(self.settings, read_only=bool(self.settings.offline) and self.remote is None)
         try:
             self.toolchain: Toolchain | None = resolve_toolchain(self.settings)
@@ -123,8 +116,17 @@ class _Session:
         except ToolchainError as exc:
             self.toolchain, self.unavailable = None, exc
         self.counts = Counters()
+        self._misses: Misses | None = None
         self._by_key: dict[str, Resolved] = {}
         self._digests: dict[int, tuple[Template, str]] = {}  # id -> (template, its source digest)
+
+    def misses(self) -> Misses:
+        """The steps of a miss (mono_jit/miss.py), set up at the session's first miss."""
+        if self._misses is None:
+            from .miss import Misses  # only a miss needs it: the lock, the workers, the compiler
+
+            self._misses = Misses(self.settings, self.store, self.toolchain, self.remote, self.counts)
+        return self._misses
 
     def plan(self, template: Template, spec: Spec, fingerprint: dict) -> BuildJob:
         """The job, with each template's source digest computed once per session."""
@@ -157,33 +159,17 @@ class _Session:
         info(__name__, "miss %s (key %s)%s", job.label, job.key[:16], "" if settings.offline else ": compiling")
         if settings.offline and self.remote is None:
             raise _offline_miss(store, self._tried(job))
-        from mono_jit.cache.lock import single_flight  # only a miss needs it
+        filled = self.misses().fill(job, may_compile=not settings.offline, then=self._then())
+        if filled is None:
+            raise _offline_miss(store, self._tried(job))
+        entry, compiled = filled
+        if compiled:
+            info(__name__, "compiled %s: %s", job.label, entry.path)
+        return Resolved(entry, compiled=compiled)
 
-        with single_flight(settings.locks(), job.key, settings.lock_timeout, job.label,  # type: ignore[arg-type]
-                           bool(settings.allow_shared_roots)):
-            entry = store.lookup(job.key, job.arch) or self._fetch(job)
-            if entry is not None:
-                return Resolved(entry, compiled=False)
-            if settings.offline:
-                raise _offline_miss(store, self._tried(job))
-            env = compile_environment(self.toolchain, spec.arch)  # type: ignore[arg-type]
-            try:
-                built = compile_job(job, store, env, settings.compile_timeout)
-            except MonoJitError:
-                self.counts.failed += 1
-                raise
-            self.counts.compiled += 1
-            info(__name__, "compiled %s: %s", job.label, built.path)
-            if self.remote is not None:
-                self.remote.offer(built, job.label)
-            return Resolved(built, compiled=True)
-
-    def _fetch(self, job: BuildJob) -> Entry | None:
-        """The registry tier's copy of a missing key (the caller holds its lock), or None."""
-        if self.remote is None:
-            return None
-        then = "MONO_JIT_OFFLINE=1: not compiling it" if self.settings.offline else "compiling it here"
-        return self.remote.fetch(self.store, job.key, job.arch, job.label, then)
+    def _then(self) -> str:
+        """What a miss does when the registry tier has no copy, for the tier's line."""
+        return "MONO_JIT_OFFLINE=1: not compiling it" if self.settings.offline else "compiling it here"
 
     def _tried(self, job: BuildJob) -> list[BuildJob]:
         """`job` and the same build under each toolchain a lookup tried after it, for a miss's
@@ -230,8 +216,7 @@ class _Session:
     def record_counts(self) -> None:
         """Add this session's hits, misses and compiles to the writable layer's counters, in
         memory: the process writes them once, at exit (cache/stats.py), never on a lookup."""
-        if self.store.writable.writable:
-            count(self.store.writable.base, self.counts)
+        count_in(self.store, self.counts)
 
 
     def _fetch_without_toolchain(self, template: Template, spec: Spec) -> Resolved | None:
@@ -239,17 +224,13 @@ class _Session:
         records (fetched under the key's lock), or None."""
         if self.remote is None:
             return None
-        from mono_jit.cache.lock import single_flight
-
         for fingerprint in self.remote.fingerprints(spec.arch):
             job = self.plan(template, spec, fingerprint)
             if not self.remote.lists(job.key):
                 continue
-            with single_flight(self.settings.locks(), job.key, self.settings.lock_timeout,  # type: ignore[arg-type]
-                               job.label, bool(self.settings.allow_shared_roots)):
-                entry = self.store.lookup(job.key, job.arch) or self._fetch(job)
-            if entry is not None:
-                done = self._by_key[job.key] = Resolved(entry, compiled=False)
+            filled = self.misses().fill(job, may_compile=False, then=self._then())
+            if filled is not None:
+                done = self._by_key[job.key] = Resolved(filled[0], compiled=False)
                 return done
         return None
 

@@ -1,5 +1,6 @@
 """Check every copy of every entry as a load would (size, sha256, ELF header, key), and with
-rebuild, recompile each good one in workers and require byte-identical code (determinism).
+rebuild, recompile each good one on the compile pool of a miss (miss.py) and require
+byte-identical code (determinism); nothing rebuilt is published.
 
 Bad copies in the writable layer are reported, not moved: a load quarantines them."""
 
@@ -65,9 +66,8 @@ def _rebuild_hashes(entries: list[Entry], settings: Settings, jobs: int, timeout
     'rebuild failed: ...'}, each reported to `progress` as it finishes."""
     import hashlib
 
-    from .compiler import compile_here
-    from .toolchain import compile_environment, resolve_toolchain
-    from .workers import WorkerPool
+    from .miss import compile_pool
+    from .toolchain import resolve_toolchain
 
     toolchain = resolve_toolchain(settings)
     progress.planned(len(entries))
@@ -79,7 +79,7 @@ def _rebuild_hashes(entries: list[Entry], settings: Settings, jobs: int, timeout
         labels = {entry.key: label(entry.meta) for entry in group}
         expected = {entry.key: entry.meta["hsaco"]["sha256"] for entry in group}
         items = [(entry.key, (entry.meta["template"], entry.meta["build_spec"])) for entry in group]
-        with WorkerPool(jobs, compile_environment(toolchain, arch), compile_here, timeout) as pool:
+        with compile_pool(toolchain, arch, jobs, timeout) as pool:
             for outcome in pool.run(items):
                 key = outcome.job_id
                 if outcome.status == "ok":

@@ -191,7 +191,7 @@ def test_register_refuses_a_declared_name(plugins):
 ])
 def test_a_launch_shape_that_is_not_constant_fails_before_compiling(plugins, monkeypatch, grid, expected):
     plugins("plug_grid", grid=grid)
-    monkeypatch.setattr("mono_jit.prebuild.WorkerPool", None)  # nothing may start a compile
+    monkeypatch.setattr("mono_jit.workers.WorkerPool", None)  # nothing may start a compile
     summary, planned = prebuild([get("plug_grid")], [SPEC], Settings(), jobs=1, timeout=60)
     assert planned == [] and summary.compiled == 0
     (failure,) = summary.failed

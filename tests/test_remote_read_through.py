@@ -15,8 +15,10 @@ from cache_settings import SMALL_SPECS, settings_at
 from oci_registry import new_ref, oci_proxy, oci_registry, pushed, remote_env  # noqa: F401  (fixtures)
 
 from mono_jit.cache import Store
+from mono_jit.prebuild import prebuild
 from mono_jit.resolution import resolve_many
 from mono_jit.spec import Spec
+from mono_jit.templates import get
 
 GRID = [(name, spec) for name in ("router", "keytable") for spec in SMALL_SPECS]
 
@@ -45,6 +47,29 @@ def test_a_host_without_a_toolchain_fetches_under_the_manifests_toolchains(warm_
     settings = settings_at(tmp_path / "lean", MONO_JIT_LD_LLD="/nonexistent/ld.lld", **remote_env(oci_proxy, ref))
     resolved = resolve_many(GRID, settings=settings)
     assert not any(r.compiled for r in resolved) and oci_proxy.counts["GET blob"] == 3
+
+
+def test_prebuild_fetches_what_the_registry_holds_and_compiles_only_the_rest(warm_cache, tmp_path, oci_proxy,
+                                                                             golden_pool):
+    """With MONO_JIT_REMOTE set, a prebuild takes the steps of a miss as resolve does: the key the
+    registry lists (router's, pushed alone) is fetched under its lock, not compiled; keytable's
+    two keys, which it does not list, are compiled (by the golden pool)."""
+    from click.testing import CliRunner
+
+    from mono_jit.cli import main
+
+    ref = new_ref(oci_proxy)
+    result = CliRunner().invoke(main, ["push", ref, "--template", "router", "--insecure", "--cache-dir", str(warm_cache)])
+    assert result.exit_code == 0, result.output
+    oci_proxy.reset()
+    settings = settings_at(tmp_path / "host", **remote_env(oci_proxy, ref))
+    summary, planned = prebuild([get("router"), get("keytable")], SMALL_SPECS, settings, jobs=1, timeout=60)
+    assert len(planned) == 3 and not summary.failed
+    assert summary.compiled == 2 and summary.fetched == 1 and summary.hits == 0
+    assert dict(oci_proxy.counts) == {"GET manifest": 1, "GET blob": 1}
+    (router,) = [e for e in summary.entries if e["template"] == "router"]
+    served = {e.key: e.hsaco for e in Store(settings_at(warm_cache)).served()}
+    assert Store(settings).lookup(router["key"], "gfx950").hsaco == served[router["key"]]
 
 
 RANK = """

@@ -42,6 +42,5 @@ def answer_compiles_from(cache: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
                     yield Outcome(item[0], "ok", {"hsaco": entry.hsaco, "launches": entry.meta["launches"],
                                                   "seconds": 0.0})
 
-    monkeypatch.setattr("mono_jit.prebuild.WorkerPool", GoldenPool)
     monkeypatch.setattr("mono_jit.workers.WorkerPool", GoldenPool)
     return source
