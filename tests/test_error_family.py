@@ -43,3 +43,26 @@ def test_every_exception_mono_jit_defines_is_a_monojiterror():
                      if name not in BUILTIN and is_exception(name) and not in_family(name) and name not in INTERNAL)
     assert outside == []
     assert set(INTERNAL) <= set(classes)  # no stale exemption
+
+
+def test_the_launch_checks_name_an_emulator_error_by_kind_and_print_mono_jits_own_as_they_are():
+    """Emulator errors joined the family; the launch checks still report one with its kind (the
+    kernel did not run as the device would) and a miss or a failed compile by its message."""
+    from mono_jit.emulator.errors import EmulatorError
+    from mono_jit.errors import OfflineMiss
+    from mono_jit.selfcheck import _one
+    from mono_jit.spec import Spec
+
+    class Deadlock(EmulatorError):
+        pass
+
+    def raising(error):
+        def launcher(*args):
+            raise error
+        return launcher
+
+    spec = Spec(8, 4, 1024, 1)
+    hung = _one("router", spec, None, 0, None, raising(Deadlock("every wave waits at a barrier")))
+    missed = _one("router", spec, None, 0, None, raising(OfflineMiss("router(max_tokens=1) is not cached")))
+    assert hung.problem == "Deadlock: every wave waits at a barrier" and not hung.ok
+    assert missed.problem == "router(max_tokens=1) is not cached" and not missed.ok

@@ -13,7 +13,8 @@ from importlib import import_module
 from typing import Any
 
 _HOMES = {"CodeObject": "codeobj", "CodeObjectError": "codeobj", "UnsupportedCode": "decode", "Deadlock": "machine",
-          "EmulatorFault": "machine", "Launch": "machine", "LaunchReport": "machine", "Machine": "machine"}
+          "EmulatorError": "errors", "EmulatorFault": "machine", "Launch": "machine", "LaunchReport": "machine",
+          "Machine": "machine"}
 __all__ = sorted(_HOMES)
 
 

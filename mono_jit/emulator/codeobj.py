@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from elftools.elf.elffile import ELFFile
 
-from ..errors import MonoJitError
 from .decode import Program, decode
+from .errors import EmulatorError
 
 # COMPUTE_PGM_RSRC1 FLOAT_MODE (bits 12-19): round to nearest even for f32 and f16/f64, and all
 # denormals kept (0xF0) is what our kernels and LLVM's default for gfx950 set; the emulator
@@ -28,7 +28,7 @@ USER_SGPRS = (("private_segment_buffer", 4), ("dispatch_ptr", 2), ("queue_ptr", 
               ("dispatch_id", 2), ("flat_scratch_init", 2), ("private_segment_size", 1))
 
 
-class CodeObjectError(MonoJitError):
+class CodeObjectError(EmulatorError):
     """A code object the emulator cannot launch (not gfx950 ELF, no kernel, unsupported mode)."""
 
 

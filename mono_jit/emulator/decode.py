@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import MonoJitError
 from . import ops
+from .errors import EmulatorError
 
 # Row fields of the instruction table.
 (F_OP, F_CLASS, F_DST, F_SRC0, F_SRC1, F_SRC2, F_LIT, F_NEG, F_ABS, F_OPSEL, F_OPSEL_HI, F_NEG_HI, F_SDST,
@@ -34,7 +34,7 @@ SEL_DWORD = 6  # SDWA select: BYTE_0..3 = 0..3, WORD_0/1 = 4/5, DWORD = 6
 NULL_SADDR = 0x7F  # global_*'s saddr field when the address is a 64-bit VGPR pair ("off")
 
 
-class UnsupportedCode(MonoJitError):
+class UnsupportedCode(EmulatorError):
     """A code object holds instructions (or modifiers) the emulator has no semantics for."""
 
 

@@ -18,10 +18,10 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from numba import typed
 
-from ..errors import MonoJitError
 from . import core
 from .codeobj import USER_SGPRS, CodeObject, CodeObjectError
 from .decode import F_NEXT, F_TARGET
+from .errors import EmulatorError
 from .ops import CLASSES
 
 LDS_BYTES = 160 * 1024  # gfx950's LDS per CU (MI355X: 160 KiB)
@@ -29,7 +29,7 @@ WAVE = 64
 IDLE_WAIT_SECONDS = 30.0  # a launch polling another process's memory gives up after this long idle
 
 
-class EmulatorFault(MonoJitError):
+class EmulatorFault(EmulatorError):
     """A launch failed as it would on the device (a trap, a bad address) or hung (Deadlock)."""
 
 

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..config import Settings
+from ..emulator.errors import EmulatorError
 from ..errors import MonoJitError
 from ..spec import Spec
 from ..templates import get
@@ -79,10 +80,11 @@ def _one(name: str, spec: Spec, settings: Settings, seed: int, case, emulated_la
         error, bound, measure = result.error, result.bound, result.what
     except AssertionError as mismatch:
         problem = _summary(mismatch) or "an output differs from the reference"
-    except MonoJitError as failure:
-        problem = str(failure)
-    except Exception as failure:  # an emulator fault, deadlock or refusal: the kernel did not run right
-        problem = f"{type(failure).__name__}: {failure}"
+    except Exception as failure:
+        # mono-jit's own errors (a miss, a failed compile) are one line already; an emulator fault,
+        # hang or refusal (the kernel did not run right), or anything else, is named with its kind
+        own = isinstance(failure, MonoJitError) and not isinstance(failure, EmulatorError)
+        problem = str(failure) if own else f"{type(failure).__name__}: {failure}"
     report = getattr(getattr(launch, "backend", None), "last_report", None)  # the launch ran, even if it disagreed
     return KernelCheck(name, spec.as_dict(), problem is None, error, bound, measure, problem,
                        report.wave_instructions if report else 0, report.bytes_read if report else 0,
