@@ -17,9 +17,10 @@ needs no ``if __name__ == "__main__"`` guard. Inside a CUDA/HIP
 graph capture it raises before touching the disk. ``resolve_many`` resolves a runner's whole
 grid with one settings / store / toolchain resolution.
 
-A hit imports neither torch, FlyDSL, MLIR nor the compile side (compiler, workers, the lock),
-and not hashlib, logging, shutil or uuid either: a warm load in a fresh process is mostly
-Python's own imports (tests/test_warm_load.py, bench/warm_load.py).
+A hit imports neither torch, FlyDSL, MLIR nor the compile side (compiler, workers, the lock,
+miss.py), nor the code object records (hsaco.py: a load checks the ELF header only), and not
+glob, hashlib, logging, shutil or uuid either: a warm load in a fresh process is mostly the
+definition of the records it uses (tests/test_warm_load.py, bench/warm_load.py).
 """
 
 from __future__ import annotations
