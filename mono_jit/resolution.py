@@ -2,10 +2,11 @@
 
 ``resolve`` checks the store (read-only layers, then the writable one); on a miss it takes the
 key's lock, checks again and compiles in an isolated worker (the steps of a miss, shared with
-prebuild: miss.py), so eight ranks starting together compile each key once. When this host's toolchain has no entry for a build (a ROCm image brings
-FlyDSL, ld.lld and bitcode of its own; a lean image has none to fingerprint), the same build by
-another toolchain the layers hold serves, verified as any entry, with one log line naming that
-toolchain; ``MONO_JIT_EXACT_TOOLCHAIN=1`` serves only this host's toolchain's entries.
+prebuild: miss.py), so eight ranks starting together compile each key once. When this host's
+toolchain has no entry for a build (a ROCm image brings FlyDSL, ld.lld and bitcode of its own; a
+lean image has none to fingerprint), the same build by another toolchain the layers hold serves,
+verified as any entry, with one log line naming that toolchain; ``MONO_JIT_EXACT_TOOLCHAIN=1``
+serves only this host's toolchain's entries.
 ``MONO_JIT_OFFLINE=1`` makes a miss an error naming the exact prebuild command that fills its
 key; a miss that cannot compile says which kind it is (diagnosis.py: not in any layer, built by
 another toolchain, unreadable). With ``MONO_JIT_REMOTE`` set, a miss asks that registry first,

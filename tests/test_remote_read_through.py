@@ -59,7 +59,8 @@ def test_prebuild_fetches_what_the_registry_holds_and_compiles_only_the_rest(war
     from mono_jit.cli import main
 
     ref = new_ref(oci_proxy)
-    result = CliRunner().invoke(main, ["push", ref, "--template", "router", "--insecure", "--cache-dir", str(warm_cache)])
+    result = CliRunner().invoke(main, ["push", ref, "--template", "router", "--insecure",
+                                       "--cache-dir", str(warm_cache)])
     assert result.exit_code == 0, result.output
     oci_proxy.reset()
     settings = settings_at(tmp_path / "host", **remote_env(oci_proxy, ref))

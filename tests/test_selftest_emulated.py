@@ -70,7 +70,8 @@ def test_selftest_on_a_gpu_runs_the_launch_checks_that_come_with_the_package(war
 
     monkeypatch.setenv("MONO_JIT_OFFLINE", "1")
     monkeypatch.setattr("mono_jit.selfcheck.gpu.hip_runtime", lambda found: found.append(object()) or {})
-    monkeypatch.setattr("mono_jit.selfcheck.gpu.device_fits", lambda hip, index: {"arch": "gfx950", "compute_units": 256})
+    monkeypatch.setattr("mono_jit.selfcheck.gpu.device_fits",
+                        lambda hip, index: {"arch": "gfx950", "compute_units": 256})
     monkeypatch.setattr("mono_jit.selfcheck.gpu.load_every_kernel", lambda hip, settings: {"loaded": 3})
     devices = []
     monkeypatch.setattr("mono_jit.selfcheck.device.DeviceBackend", lambda device: devices.append(device) or

@@ -18,7 +18,8 @@ def test_expand_finds_what_glob_finds(tmp_path, pattern):
     """The toolchain search's listdir expansion answers as glob.glob does: hidden names skipped,
     a file where a folder is expected found nothing below it, results sorted."""
     for path in ("a/amdgcn/bitcode", ".hidden/amdgcn/bitcode", "b/amdgcn", "llvm-19/bin/ld.lld", "llvm-22/bin/ld.lld",
-                 "llvm-20/lib/clang/20/lib/amdgcn/bitcode", "llvm-20/lib/clang/.x/lib/amdgcn/bitcode", "llvmx/bin/ld.lld"):
+                 "llvm-20/lib/clang/20/lib/amdgcn/bitcode", "llvm-20/lib/clang/.x/lib/amdgcn/bitcode",
+                 "llvmx/bin/ld.lld"):
         (tmp_path / path).mkdir(parents=True)
     (tmp_path / "file").write_text("")
     (tmp_path / "c").mkdir()
