@@ -28,8 +28,8 @@ def _reference(ctx: click.Context, param: click.Parameter, value: str):  # type:
 def _registry(ref, settings: Settings, insecure: bool):  # type: ignore[no-untyped-def]
     from mono_jit.cache.oci.client import Registry  # imports oras: only these commands need it
 
-    plain = insecure or ref.registry in settings.remote_insecure  # type: ignore[operator]
-    return Registry(ref, insecure=plain, timeout=float(settings.remote_timeout))  # type: ignore[arg-type]
+    plain = insecure or ref.registry in settings.remote_insecure
+    return Registry(ref, insecure=plain, timeout=float(settings.remote_timeout))
 
 
 @click.command()
@@ -54,7 +54,7 @@ def push(ref, templates, replace, insecure, cache_dir, as_json):
     from mono_jit.cache.oci.transfer import push as push_entries
 
     settings = settings_for(cache_dir)
-    entries = [e for e in Store(settings).served() if templates is None or e.meta["template"] in templates]
+    entries = [e for e in Store(settings).served() if templates is None or e.meta.template in templates]
     report = push_entries(_registry(ref, settings, insecure), entries, replace=replace)
     if as_json:
         emit_json("push", report)

@@ -220,7 +220,7 @@ def export(bundle: Path, *, templates: Iterable[str] | None = None, settings: Se
 
     names = None if templates is None else set(templates)
     entries = [e for e in Store(_settings(settings)).served()
-               if names is None or e.meta["template"] in names]
+               if names is None or e.meta.template in names]
     return export_bundle(bundle, entries)
 
 

@@ -143,7 +143,7 @@ def prebuild(templates: list[Template], specs: list[Spec], settings: Settings, *
             folder = prepare_lock_dir(settings.locks(), bool(settings.allow_shared_roots))
         except OSError as exc:
             raise MonoJitError(disk_problem(exc, "cannot create the lock folder", settings.locks())) from None
-        batch = _Batch(store, folder, float(settings.lock_timeout), summary, notify)  # type: ignore[arg-type]
+        batch = _Batch(store, folder, float(settings.lock_timeout), summary, notify)
         for arch in sorted({job.arch for job in misses}):
             batch.compile([j for j in misses if j.arch == arch], compile_environment(toolchain, arch), jobs, timeout)
     summary.seconds = time.perf_counter() - started

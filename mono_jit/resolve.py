@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from mono_jit.cache import Entry, Store
+from mono_jit.cache.meta import EntryMeta
 from mono_jit.cache.stats import Counters, count
 from mono_jit.cache.store import info
 
@@ -50,7 +51,7 @@ class Resolved:
         return self.entry.hsaco
 
     @property
-    def meta(self) -> dict:
+    def meta(self) -> EntryMeta:
         return self.entry.meta
 
 
@@ -159,7 +160,7 @@ class _Session:
             raise _offline_miss(store, self._tried(job))
         from mono_jit.cache.lock import single_flight  # only a miss needs it
 
-        with single_flight(settings.locks(), job.key, settings.lock_timeout, job.label,  # type: ignore[arg-type]
+        with single_flight(settings.locks(), job.key, settings.lock_timeout, job.label,
                            bool(settings.allow_shared_roots)):
             entry = store.lookup(job.key, job.arch) or self._fetch(job)
             if entry is not None:
@@ -245,7 +246,7 @@ class _Session:
             job = self.plan(template, spec, fingerprint)
             if not self.remote.lists(job.key):
                 continue
-            with single_flight(self.settings.locks(), job.key, self.settings.lock_timeout,  # type: ignore[arg-type]
+            with single_flight(self.settings.locks(), job.key, self.settings.lock_timeout,
                                job.label, bool(self.settings.allow_shared_roots)):
                 entry = self.store.lookup(job.key, job.arch) or self._fetch(job)
             if entry is not None:

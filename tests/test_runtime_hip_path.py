@@ -57,10 +57,10 @@ def test_a_step_launches_the_buckets_k1_with_vllms_tensors_in_its_kernargs(k1_ca
     image = fake_hip.loaded[function.handle - 1][0]
     build = next(b for b in runner.kernels if b.bucket == 4)
     meta = runner.kernels[build].meta
-    assert image == function.image and meta["spec"]["max_tokens"] == 4
-    assert (grid, block, lds, stream) == ((256, 1, 1), (512, 1, 1), meta["launch"]["dynamic_lds"], 0)
+    assert image == function.image and meta.spec["max_tokens"] == 4
+    assert (grid, block, lds, stream) == ((256, 1, 1), (512, 1, 1), meta.launch.dynamic_lds, 0)
     _, (kernel,) = read_metadata(image)
-    names = [a["name"] for a in meta["arguments"] for _ in range(2 if a["kind"] == "tensor" else 1)]
+    names = [a.name for a in meta.arguments for _ in range(2 if a.kind == "tensor" else 1)]
     words = {}
     for name, arg in zip(names, kernel.args):
         fmt = "<Q" if arg.size == 8 else "<i"

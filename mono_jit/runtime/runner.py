@@ -402,7 +402,7 @@ class MonoRunner:
             "swa_page_stride": call.swa_cache.stride(0), "swa_block": call.swa_cache.shape[1],
             "comp_page_stride": call.comp_cache.stride(0), "comp_block": call.comp_cache.shape[1],
             "bt_stride": bt_stride, "per_page": per_page, "use_hash": int(hashed),
-            "peer_wait_us": round(self.settings.peer_wait * 1e6),  # type: ignore[operator]
+            "peer_wait_us": round(self.settings.peer_wait * 1e6),
         }
 
 

@@ -155,12 +155,14 @@ def arguments(template: Template, spec: Spec, label: str) -> tuple[Argument, ...
 def match_kernargs(label: str, declared: tuple[Argument, ...], kernel: Any) -> None:
     """Raise unless the compiled `kernel`'s explicit kernargs are exactly `declared`'s (a tensor
     is a pointer and its i32 extent, an i32 one value): what the runtime will pack."""
-    from ..errors import MonoJitError
-    from ..runtime.kernargs import layout
+    from mono_jit.cache.meta import LaunchDims, StoredArgument
 
-    meta = {"template": label, "arguments": [a.as_dict() for a in declared], "kernels": [kernel.as_dict()]}
+    from ..errors import MonoJitError
+    from ..runtime.kernargs import DeclaredMeta, DeclaredTable, layout
+
+    arguments = tuple(StoredArgument.of(a) for a in declared)
     try:
-        layout(meta)
+        layout(DeclaredMeta(label, arguments, (DeclaredTable(kernel.args),), LaunchDims((1, 1, 1), (1, 1, 1), 0)))
     except MonoJitError as exc:
         names = ", ".join(f"{a.name}:{a.kind}" for a in declared)
         raise TemplateError(f"{exc} (kernel {kernel.name}; arguments() declares {names}; the launcher's "
