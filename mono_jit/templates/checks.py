@@ -4,7 +4,11 @@ At registration (`checked_template`): the class's name, Spec fields, source file
 module, so a typo fails with the plug-in's name instead of keying builds wrongly (a dropped
 spec field gave the runtime another bucket's kernel). Before compiling (`launch_shape`,
 `arguments`): the template's answers for one spec are plain constants of the right types.
-After compiling (`match_kernargs`): the declared arguments are the compiled kernel's kernargs.
+When the launcher is built (`match_launcher`): its parameters are the declared arguments by
+name, in order, each of its kind. After compiling (`match_kernargs`): the declared arguments are
+the compiled kernel's kernargs by kind and size (FlyDSL 0.5's code objects give no argument
+names, ``.args[].name`` is absent, so names are checked on the launcher, which the kernarg
+layout follows parameter by parameter).
 """
 
 from __future__ import annotations
@@ -150,6 +154,46 @@ def arguments(template: Template, spec: Spec, label: str) -> tuple[Argument, ...
             raise TemplateError(f"{label}: argument {argument.name!r}: an {argument.kind} scalar has dtype "
                                 f"{SCALAR_DTYPES[argument.kind]!r}, not {argument.dtype!r}")
     return declared
+
+
+# FlyDSL parameter annotations (their class names) -> the argument kind they lower to.
+_PARAMETER_KINDS = {"Tensor": "tensor", "Int32": "i32", "Int64": "i64"}
+
+
+def _spelling(name: str) -> str:
+    """A name without case or underscores: a launcher's ``HashIds`` and an argument's ``hash_ids``."""
+    return name.replace("_", "").lower()
+
+
+def launcher_parameters(launcher: Any) -> list[tuple[str, str]]:
+    """(name, kind) of a FlyDSL launcher's parameters before its trailing stream (a kind is
+    'tensor', 'i32', 'i64', or the annotation's text when it is none of those)."""
+    import inspect
+
+    function = getattr(launcher, "func", launcher)  # flyc.jit wraps the Python function
+    found = []
+    for parameter in inspect.signature(function).parameters.values():
+        if parameter.name == "stream":
+            break
+        annotation = parameter.annotation
+        text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", repr(annotation))
+        found.append((parameter.name, _PARAMETER_KINDS.get(text.rsplit(".", 1)[-1], text)))
+    return found
+
+
+def match_launcher(label: str, declared: tuple[Argument, ...], launcher: Any) -> None:
+    """Raise unless the launcher's parameters are `declared`, in order, by name (ignoring case
+    and underscores) and kind: two arguments of one kind swapped in either place pack each
+    other's values, which kinds and sizes alone cannot show."""
+    parameters = launcher_parameters(launcher)
+    if len(parameters) != len(declared):
+        raise TemplateError(f"{label}: the launcher has {len(parameters)} parameters before its stream, "
+                            f"arguments() declares {len(declared)}")
+    for position, ((name, kind), argument) in enumerate(zip(parameters, declared)):
+        if _spelling(name) != _spelling(argument.name) or kind != argument.kind:
+            raise TemplateError(f"{label}: launcher parameter {position} is {name} ({kind}), arguments() declares "
+                                f"{argument.name} ({argument.kind}) there: declare the arguments in the "
+                                "launcher's order, named as its parameters")
 
 
 def match_kernargs(label: str, declared: tuple[Argument, ...], kernel: Any) -> None:
