@@ -27,7 +27,7 @@ import stat
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO, Iterator
+from typing import IO, BinaryIO, Iterator
 
 from mono_jit.errors import BundleError
 from mono_jit.spec import SUPPORTED_ARCHS
@@ -273,7 +273,7 @@ def _verify_when_complete(name: str, seen: set[str], staging: Path) -> None:
         _load_staged(staging, arch, key)
 
 
-def _chunks(handle: BinaryIO | None, digest: hashlib._Hash) -> Iterator[bytes]:
+def _chunks(handle: IO[bytes] | None, digest: hashlib._Hash) -> Iterator[bytes]:
     while handle is not None and (chunk := handle.read(CHUNK)):
         digest.update(chunk)
         yield chunk

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Union
+from typing import Any, Callable, Iterable, Union
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,7 @@ def problem(value: Any, shape: Shape, where: str = "meta") -> str | None:
         return _list_problem(value, shape, where)
     if not isinstance(value, dict):
         return f"{where} is {_show(value)}, not an object"
+    items: Iterable[tuple[str, Any]]
     if isinstance(shape, MapOf):
         items = value.items()
     else:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from mono_jit.cache import Entry, Store
 from mono_jit.cache.meta import EntryMeta
@@ -65,8 +67,9 @@ def listing(store: Store, templates: tuple[str, ...] | None = None) -> Listing:
     """Every served entry (read-only layers first), filtered by template names when given, and
     each layer's entry count and bytes on disk (of every served entry, whatever the filter)."""
     out = Listing()
-    per_layer = {layer.root: {"root": str(layer.root), "writable": layer.writable, "entries": 0, "bytes": 0}
-                 for layer in store.layers}
+    per_layer: dict[Path, dict[str, Any]] = {
+        layer.root: {"root": str(layer.root), "writable": layer.writable, "entries": 0, "bytes": 0}
+        for layer in store.layers}
     for entry in store.served():
         rowed = row(entry)
         per_layer[entry.layer.root]["entries"] += 1

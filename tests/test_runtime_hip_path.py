@@ -90,3 +90,19 @@ def test_no_hip_runtime_declines_with_hips_reason(monkeypatch, tmp_path):
     monkeypatch.setattr(hip_module.Hip, "get", classmethod(no_runtime))
     runner = MonoRunner(8, 0, None, "cpu", 8192, templates=("k1",), settings=settings_at(tmp_path / "c"))
     assert "libamdhip64" in runner.declined
+
+
+class _NullLib:
+    """A HIP library whose every call reports success but writes no pointer."""
+
+    def __getattr__(self, name):
+        return lambda *args: 0
+
+
+def test_a_call_that_succeeds_with_a_null_pointer_is_an_error_not_an_address_of_none():
+    hip = hip_module.Hip.__new__(hip_module.Hip)
+    hip._lib = _NullLib()
+    with pytest.raises(HipError, match="hipExtMallocWithFlags succeeded but returned a null pointer"):
+        hip.malloc_uncached(4096)
+    with pytest.raises(HipError, match="hipModuleGetFunction succeeded but returned a null pointer"):
+        hip.load(b"code", "kernel")

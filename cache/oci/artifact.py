@@ -158,7 +158,8 @@ def parse_manifest(manifest: dict, data: bytes, where: Reference) -> Listing:
     kind = config.get("mediaType") if isinstance(config, dict) else None
     if manifest.get("mediaType", MANIFEST_MEDIA_TYPE) != MANIFEST_MEDIA_TYPE or kind != CONFIG_MEDIA_TYPE:
         raise RemoteError(f"{where} is not a mono-jit cache (its config is {kind!r}, expected {CONFIG_MEDIA_TYPE})")
-    notes = manifest.get("annotations") if isinstance(manifest.get("annotations"), dict) else {}
+    found = manifest.get("annotations")
+    notes: dict = found if isinstance(found, dict) else {}
     if notes.get(A_SCHEMA) != SCHEMA:
         raise RemoteError(f"{where}: unknown mono-jit artifact schema {notes.get(A_SCHEMA)!r} (expected {SCHEMA})")
     layers = manifest.get("layers")

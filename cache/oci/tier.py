@@ -42,6 +42,8 @@ class RemoteTier:
     """The registry reference of MONO_JIT_REMOTE, for one resolve session."""
 
     def __init__(self, settings: Settings) -> None:
+        if settings.remote is None:
+            raise ValueError("a remote tier needs MONO_JIT_REMOTE")
         self.ref: Reference = settings.remote
         self.push_allowed = bool(settings.remote_push)
         self.insecure = self.ref.registry in settings.remote_insecure

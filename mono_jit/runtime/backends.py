@@ -82,6 +82,8 @@ class HipBackend:
     def load(self, template: Template, spec: Spec, meta: LaunchMeta | None, hsaco: bytes | None) -> Kernel:
         meta, kernel = _one_launch(template, meta)
         layout(meta)  # checked at load: an entry whose table does not fit fails before any step
+        if hsaco is None:
+            raise KernargError(f"{template.name}: HIP launches code objects; none was given")
         return Kernel(template.name, spec, meta, self.hip.load(hsaco, kernel))
 
     def launch(self, kernel: Kernel, values: Mapping[str, Any], stream: int) -> None:

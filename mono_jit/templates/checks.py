@@ -74,7 +74,7 @@ def _check_spec_fields(cls: type, where: str) -> None:
                                 f"(expected some of {', '.join(SPEC_FIELDS)})")
 
 
-def _check_source_files(cls: type, where: str) -> None:
+def _check_source_files(cls: type[Template], where: str) -> None:
     files = _strings(cls, "source_files", where)
     if not files:
         raise TemplateError(f"{where}: source_files is empty: list every file a build reads, so an edit is a new key")
@@ -91,7 +91,7 @@ def _check_source_files(cls: type, where: str) -> None:
                                 "to the folder of the class's top-level package)")
 
 
-def _check_kernel_module(cls: type, where: str) -> None:
+def _check_kernel_module(cls: type[Template], where: str) -> None:
     module = getattr(cls, "kernel_module", None)
     if not isinstance(module, str) or not module.strip("."):
         raise TemplateError(f"{where}: kernel_module={module!r}: expected a module name, e.g. '.kernel'")
