@@ -80,6 +80,6 @@ def compile_here(template_name: str, spec_data: dict) -> dict:
     spec = Spec.from_dict(spec_data)
     started = time.perf_counter()
     build = template.build(spec)
-    checks.match_launcher(f"{template_name}({spec})", template.arguments(spec), build.launcher)
+    checks.match_build(f"{template_name}({spec})", template.arguments(spec), build)
     hsaco, launches = compile_build(build)
     return {"hsaco": hsaco, "launches": launches, "seconds": time.perf_counter() - started}

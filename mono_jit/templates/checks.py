@@ -4,8 +4,8 @@ At registration (`checked_template`): the class's name, Spec fields, source file
 module, so a typo fails with the plug-in's name instead of keying builds wrongly (a dropped
 spec field gave the runtime another bucket's kernel). Before compiling (`launch_shape`,
 `arguments`): the template's answers for one spec are plain constants of the right types.
-When the launcher is built (`match_launcher`): its parameters are the declared arguments by
-name, in order, each of its kind. After compiling (`match_kernargs`): the declared arguments are
+When the launcher is built (`match_build`): its parameters are the declared arguments by name,
+in order, each of its kind, and its compile placeholders have each argument's kind and dtype. After compiling (`match_kernargs`): the declared arguments are
 the compiled kernel's kernargs by kind and size (FlyDSL 0.5's code objects give no argument
 names, ``.args[].name`` is absent, so names are checked on the launcher, which the kernarg
 layout follows parameter by parameter).
@@ -22,7 +22,7 @@ from typing import Any
 from ..errors import TemplateError
 from ..resources import LDS_PER_CU, Budget
 from ..spec import SPEC_FIELDS, Spec
-from .base import Argument, LaunchShape, Template
+from .base import Argument, Build, LaunchShape, Template
 
 # A template name is a word of the CLI's comma lists and of file names.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -181,11 +181,10 @@ def launcher_parameters(launcher: Any) -> list[tuple[str, str]]:
     return found
 
 
-def match_launcher(label: str, declared: tuple[Argument, ...], launcher: Any) -> None:
-    """Raise unless the launcher's parameters are `declared`, in order, by name (ignoring case
-    and underscores) and kind: two arguments of one kind swapped in either place pack each
-    other's values, which kinds and sizes alone cannot show."""
-    parameters = launcher_parameters(launcher)
+def match_parameters(label: str, declared: tuple[Argument, ...], parameters: list[tuple[str, str]]) -> None:
+    """Raise unless the launcher's (name, kind) parameters are `declared`, in order, by name
+    (ignoring case and underscores) and kind: two arguments of one kind swapped in either place
+    pack each other's values, which kinds and sizes alone cannot show."""
     if len(parameters) != len(declared):
         raise TemplateError(f"{label}: the launcher has {len(parameters)} parameters before its stream, "
                             f"arguments() declares {len(declared)}")
@@ -194,6 +193,35 @@ def match_launcher(label: str, declared: tuple[Argument, ...], launcher: Any) ->
             raise TemplateError(f"{label}: launcher parameter {position} is {name} ({kind}), arguments() declares "
                                 f"{argument.name} ({argument.kind}) there: declare the arguments in the "
                                 "launcher's order, named as its parameters")
+
+
+def match_placeholders(label: str, declared: tuple[Argument, ...], placeholders: tuple) -> None:
+    """Raise unless the compile placeholders are `declared`'s, in order: a tensor of the argument's
+    dtype for a tensor, a Python int for a scalar (what the kernel is traced with)."""
+    if len(placeholders) != len(declared):
+        raise TemplateError(f"{label}: the build has {len(placeholders)} placeholders, arguments() declares "
+                            f"{len(declared)}")
+    for argument, placeholder in zip(declared, placeholders):
+        if argument.kind == "tensor":
+            got = str(getattr(placeholder, "dtype", type(placeholder).__name__)).removeprefix("torch.")
+            if got != argument.dtype:
+                raise TemplateError(f"{label}: the placeholder of {argument.name} is {got}, arguments() declares "
+                                    f"a {argument.dtype} tensor")
+        elif type(placeholder) is not int:
+            raise TemplateError(f"{label}: the placeholder of {argument.name} is a {type(placeholder).__name__}, "
+                                f"arguments() declares an {argument.kind} (a Python int)")
+
+
+def match_build(label: str, declared: tuple[Argument, ...], build: Build) -> None:
+    """A freshly built launcher and its placeholders against the declared arguments. A launcher
+    whose arguments are all scalars takes one leading tensor that no kernel reads (FlyDSL compiles
+    without launching only when some placeholder is a CPU tensor): it is left out."""
+    parameters, placeholders = launcher_parameters(build.launcher), tuple(build.placeholders)
+    scalars_only = bool(declared) and all(argument.kind != "tensor" for argument in declared)
+    if scalars_only and len(parameters) == len(declared) + 1 and parameters[0][1] == "tensor":
+        parameters, placeholders = parameters[1:], placeholders[1:]
+    match_parameters(label, declared, parameters)
+    match_placeholders(label, declared, placeholders)
 
 
 def match_kernargs(label: str, declared: tuple[Argument, ...], kernel: Any) -> None:
