@@ -4,7 +4,8 @@ The runtime packs kernargs from ``kernels[].args`` and launches with ``launch`` 
 the CLI prints figures, factors and residency. An entry whose meta.json lacks one of these, or
 holds one of another type (``"hsaco": null``, a string offset, a negative size), is a corrupt
 entry, never an AttributeError or KeyError later. Extra fields are allowed (older readers
-ignore newer fields).
+ignore newer fields). ``EntryMeta.from_json`` (meta.py) runs these checks before it builds the
+typed record every reader uses.
 """
 
 from __future__ import annotations

@@ -54,3 +54,12 @@ def test_a_record_that_does_not_fit_is_refused_naming_the_field(golden_cache, ch
     change(data)
     with pytest.raises(MetaError, match=re.escape(message)):
         EntryMeta.from_json(data)
+
+
+def test_the_schema_checks_every_field_the_record_writes(golden_cache):
+    """schema.py and EntryMeta describe one format: every field to_json writes is typed by the
+    schema (the version string aside, which readers never need)."""
+    from mono_jit.cache.schema import META
+
+    data = _entries(golden_cache)[0].meta.to_json()
+    assert set(META) == set(data) - {"mono_jit"}
