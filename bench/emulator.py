@@ -51,7 +51,7 @@ def k2_launch(settings: Settings) -> tuple[int, float]:
     wd = world(4)
     spec = Spec(8, 4, wd.inputs.topk.shape[1], 4)
     found = resolve(get("k2"), spec, settings=settings)
-    code = K2Code.of(spec, found.hsaco, found.meta["launches"])
+    code = K2Code.of(spec, found.hsaco, [launch.to_json() for launch in found.meta.launches])
     shards = [shard(full_weights(), rank) for rank in range(TP)]
     layer = sparse_moe(range(0, 384, 24))  # 16 reachable experts of 384: the others are never read
     lay = K2Run(wd, shards[0], 0, 4, "cpu").lay

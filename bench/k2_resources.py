@@ -43,12 +43,12 @@ def main() -> None:
         objdump = find_objdump(settings)
         for entry in Store(settings).entries():
             (kernel,) = read_metadata(entry.hsaco)[1]
-            spec = entry.meta["spec"]
+            spec = entry.meta.spec
             instructions = sum(instruction_counts(disassemble(entry.hsaco, objdump)).values())
             rows.append((spec["ratio"], spec["max_tokens"], instructions, kernel.vgpr, kernel.agpr, kernel.sgpr,
                          kernel.lds,
                          kernel.vgpr_spills + kernel.sgpr_spills, kernel.scratch, len(entry.hsaco),
-                         entry.meta["compile_seconds"]))
+                         entry.meta.compile_seconds))
     print(f"{'ratio':>5} {'rows':>4} {'instrs':>6} {'VGPR':>4} {'AGPR':>4} {'SGPR':>4} {'LDS B':>6} {'spills':>6} "
           f"{'scratch':>7} {'code B':>7} {'compile s':>9}")
     for row in sorted(rows):

@@ -7,6 +7,7 @@ flight, gc.py for eviction and bundle.py for export / import.
 """
 
 from .key import FORMAT_VERSION, cache_key, key_factors
+from .meta import EntryMeta
 from .store import Entry, Store
 
-__all__ = ["FORMAT_VERSION", "Entry", "Store", "cache_key", "key_factors"]
+__all__ = ["FORMAT_VERSION", "Entry", "EntryMeta", "Store", "cache_key", "key_factors"]

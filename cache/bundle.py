@@ -27,7 +27,7 @@ import stat
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO, Iterator
+from typing import IO, BinaryIO, Iterator
 
 from mono_jit.errors import BundleError
 from mono_jit.spec import SUPPORTED_ARCHS
@@ -273,7 +273,7 @@ def _verify_when_complete(name: str, seen: set[str], staging: Path) -> None:
         _load_staged(staging, arch, key)
 
 
-def _chunks(handle: BinaryIO | None, digest: hashlib._Hash) -> Iterator[bytes]:
+def _chunks(handle: IO[bytes] | None, digest: hashlib._Hash) -> Iterator[bytes]:
     while handle is not None and (chunk := handle.read(CHUNK)):
         digest.update(chunk)
         yield chunk
@@ -286,16 +286,17 @@ def _staged_entries(files: dict[str, dict]) -> list[tuple[str, str]]:
     return sorted({tuple(PurePosixPath(name).parts[1:3]) for name in files})  # type: ignore[misc]
 
 
-def _load_staged(staging: Path, arch: str, key: str) -> tuple[bytes, dict]:
-    """A staged entry verified by the store's own checks, as a load of a local entry would be."""
+def _load_staged(staging: Path, arch: str, key: str) -> tuple[bytes, bytes]:
+    """(hsaco, meta.json's bytes) of a staged entry verified by the store's own checks, as a load
+    of a local entry would be."""
     folder = staging / "entries" / arch / key
     try:
-        meta = json.loads(read_regular(folder / META_NAME, MAX_FILE_BYTES[META_NAME]))
+        meta_json = read_regular(folder / META_NAME, MAX_FILE_BYTES[META_NAME])
         hsaco = read_regular(folder / HSACO_NAME, MAX_FILE_BYTES[HSACO_NAME])
-        verify_entry(key, arch, meta, hsaco)
+        verify_entry(key, arch, meta_json, hsaco)
     except (OSError, ValueError, CorruptEntry) as exc:
         raise BundleError(f"bundled entry {arch}/{key[:16]} is bad: {exc}") from None
-    return hsaco, meta
+    return hsaco, meta_json
 
 
 def _check_sha256(hashed: _HashingReader, expected: str | None) -> None:
@@ -350,9 +351,9 @@ def _publish(store: Store, staging: Path, entries: list[tuple[str, str]]) -> dic
         if store.lookup(key, arch) is not None:
             present += 1
             continue
-        hsaco, meta = _load_staged(staging, arch, key)
+        hsaco, meta_json = _load_staged(staging, arch, key)
         try:
-            store.publish(key, arch, hsaco, meta)
+            store.publish_json(key, arch, hsaco, meta_json)
         except OSError as exc:
             doing = f"cannot publish {arch}/{key[:16]} ({imported} entries imported before it, each whole)"
             raise BundleError(disk_problem(exc, doing, store.writable.root)) from None

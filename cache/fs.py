@@ -123,7 +123,7 @@ def disk_problem(exc: OSError, doing: str, where: Path) -> str:
     if exc.filename2 is not None:  # a rename: both ends
         path = f"{path} -> {exc.filename2}"
     reason = exc.strerror or str(exc) or type(exc).__name__
-    advice = _DISK_ADVICE.get(exc.errno, "check that path and the disk")
+    advice = _DISK_ADVICE.get(exc.errno or 0, "check that path and the disk")
     return f"{doing}: {path}: {reason}; {advice}"
 
 

@@ -10,7 +10,7 @@ miss can be explained field by field.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Mapping
 
 from .digest import sha256
 
@@ -35,11 +35,11 @@ def key_factors(template_name: str, source_digest: str, spec: dict, arch: str, t
     }
 
 
-def cache_key(factors: dict) -> str:
+def cache_key(factors: Mapping[str, Any]) -> str:
     return sha256(canonical_json(factors).encode()).hexdigest()
 
 
-def build_identity(factors: dict) -> str:
+def build_identity(factors: Mapping[str, Any]) -> str:
     """The build a key stands for, whatever toolchain built it: the hash of every factor but the
     toolchain (store format, template and source digest, spec, arch, compile options). Derived
     from an entry's stored factors, which its key covers, so no entry can claim an identity its
@@ -49,7 +49,7 @@ def build_identity(factors: dict) -> str:
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     """{'a.b': value} view of nested factors, for diffs."""
-    if isinstance(data, dict):
+    if isinstance(data, Mapping):
         out: dict[str, Any] = {}
         for name, value in data.items():
             out.update(flatten(value, f"{prefix}{name}."))
@@ -57,7 +57,7 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): data}
 
 
-def diff(wanted: dict, have: dict) -> list[tuple[str, Any, Any]]:
+def diff(wanted: Mapping[str, Any], have: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
     """(factor, wanted value, stored value) for every factor that differs."""
     a, b = flatten(wanted), flatten(have)
     return [(name, a.get(name), b.get(name)) for name in sorted(set(a) | set(b)) if a.get(name) != b.get(name)]

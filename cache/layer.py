@@ -47,7 +47,7 @@ def publish_image_layer(entries: list[Entry], dest: Path) -> int:
     added, records = 0, set()
     for entry in entries:
         final = dest / "v1" / entry.arch / entry.key[:2] / entry.key
-        records.add((entry.arch, toolchain_record(entry.meta["factors"]["toolchain"])))
+        records.add((entry.arch, toolchain_record(entry.meta.toolchain)))
         if os.path.lexists(final):
             continue  # entries are immutable: the same key is the same content
         make_dirs(final.parent, LAYER_DIR_MODE)

@@ -4,14 +4,15 @@ The runtime packs kernargs from ``kernels[].args`` and launches with ``launch`` 
 the CLI prints figures, factors and residency. An entry whose meta.json lacks one of these, or
 holds one of another type (``"hsaco": null``, a string offset, a negative size), is a corrupt
 entry, never an AttributeError or KeyError later. Extra fields are allowed (older readers
-ignore newer fields).
+ignore newer fields). ``EntryMeta.from_json`` (meta.py) runs these checks before it builds the
+typed record every reader uses.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Union
+from typing import Any, Callable, Iterable, Union
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ def problem(value: Any, shape: Shape, where: str = "meta") -> str | None:
         return _list_problem(value, shape, where)
     if not isinstance(value, dict):
         return f"{where} is {_show(value)}, not an object"
+    items: Iterable[tuple[str, Any]]
     if isinstance(shape, MapOf):
         items = value.items()
     else:

@@ -35,10 +35,9 @@ from mono_jit.elf_header import MACH_BY_ARCH, check_header
 from .digest import sha256
 from .fs import UnsafeFile, make_dirs, read_regular, remove, write_new
 from .key import cache_key, canonical_json
-from .schema import meta_problem
+from .meta import EntryMeta, MetaError
 from .trust import check_root, examine, make_private_root
 
-META_SCHEMA = 1
 HSACO_NAME = "kernel.hsaco"
 META_NAME = "meta.json"
 DIGEST_NAME = "meta.sha256"  # sha256 of meta.json's bytes, hex, then a newline
@@ -150,8 +149,9 @@ class Entry:
     path: Path
     key: str
     arch: str
-    meta: dict
+    meta: EntryMeta
     hsaco: bytes
+    meta_json: bytes  # meta.json's bytes as published (what export and import copy)
 
     @property
     def size(self) -> int:
@@ -168,9 +168,10 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def meta_bytes(meta: dict) -> bytes:
+def meta_bytes(meta: EntryMeta | dict) -> bytes:
     """meta.json's bytes as published (meta.sha256 covers exactly these)."""
-    return (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()
+    data = meta.to_json() if isinstance(meta, EntryMeta) else meta
+    return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
 
 
 def meta_digest(data: bytes) -> bytes:
@@ -203,35 +204,29 @@ def read_entry(layer: Layer, path: Path, arch: str) -> Entry:
     if _read_file(path / DIGEST_NAME, DIGEST_CAP, layer.allow_shared) != meta_digest(data):
         raise CorruptEntry(f"meta.json does not match {DIGEST_NAME} (changed or damaged)")
     hsaco = _read_file(path / HSACO_NAME, HSACO_CAP, layer.allow_shared)
+    return Entry(layer, path, path.name, arch, verify_entry(path.name, arch, data, hsaco), hsaco, data)
+
+
+def verify_entry(key: str, arch: str, data: bytes, hsaco: bytes) -> EntryMeta:
+    """The checks every load (and every bundle import) makes on meta.json's bytes `data` and the
+    HSACO bytes; the entry's meta, or CorruptEntry saying what is wrong."""
     try:
-        meta = json.loads(data)
-    except (ValueError, RecursionError) as exc:
-        raise CorruptEntry(f"meta.json is not JSON: {exc}") from None
-    verify_entry(path.name, arch, meta, hsaco)
-    return Entry(layer, path, path.name, arch, meta, hsaco)
-
-
-def verify_entry(key: str, arch: str, meta: object, hsaco: bytes) -> None:
-    """The checks every load (and every bundle import) makes on a parsed meta.json and the
-    HSACO bytes; CorruptEntry says what is wrong."""
-    if not isinstance(meta, dict) or meta.get("schema") != META_SCHEMA:
-        raise CorruptEntry(f"meta.json schema {meta.get('schema') if isinstance(meta, dict) else None!r} is not {META_SCHEMA}")
-    problem = meta_problem(meta)
-    if problem is not None:
-        raise CorruptEntry(f"meta.json is malformed: {problem}")
-    if meta["key"] != key or cache_key(meta["factors"]) != key:
+        meta = EntryMeta.from_json(json.loads(data))
+    except (ValueError, RecursionError) as exc:  # MetaError is a ValueError
+        raise CorruptEntry(str(exc) if isinstance(exc, MetaError) else f"meta.json is not JSON: {exc}") from None
+    if meta.key != key or cache_key(meta.factors) != key:
         raise CorruptEntry("meta.json's key or factors do not match the entry's key")
-    if meta["arch"] != arch or arch not in MACH_BY_ARCH:
-        raise CorruptEntry(f"meta.json says arch {meta['arch']!r}, the entry sits under {arch}")
-    expected = meta["hsaco"]
-    if len(hsaco) != expected["size"]:
-        raise CorruptEntry(f"kernel.hsaco is {len(hsaco)} bytes, meta.json says {expected['size']}")
-    if sha256(hsaco).hexdigest() != expected["sha256"]:
+    if meta.arch != arch or arch not in MACH_BY_ARCH:
+        raise CorruptEntry(f"meta.json says arch {meta.arch!r}, the entry sits under {arch}")
+    if len(hsaco) != meta.hsaco.size:
+        raise CorruptEntry(f"kernel.hsaco is {len(hsaco)} bytes, meta.json says {meta.hsaco.size}")
+    if sha256(hsaco).hexdigest() != meta.hsaco.sha256:
         raise CorruptEntry("kernel.hsaco's sha256 does not match meta.json")
     try:
         check_header(hsaco, arch)
     except InvalidCodeObject as exc:
         raise CorruptEntry(str(exc)) from None
+    return meta
 
 
 class Store:
@@ -387,15 +382,20 @@ class Store:
 
     # -- writing -----------------------------------------------------------------------------
 
-    def publish(self, key: str, arch: str, hsaco: bytes, meta: dict) -> Entry:
+    def publish(self, key: str, arch: str, hsaco: bytes, meta: EntryMeta) -> Entry:
         """Write an entry atomically into the writable layer and return it (verified)."""
+        return self.publish_json(key, arch, hsaco, meta_bytes(meta))
+
+    def publish_json(self, key: str, arch: str, hsaco: bytes, meta_json: bytes) -> Entry:
+        """Write an entry whose meta.json bytes are `meta_json` (an imported entry's own bytes,
+        copied unchanged) atomically into the writable layer and return it (verified)."""
         final = self.writable.entry_dir(arch, key)
         self._private_dir(final.parent.parent)
         self._private_dir(final.parent)
         tmp = self._private_dir(self.writable.base / "tmp") / f"{key[:16]}-{os.getpid()}-{unique_suffix(8)}"
         tmp.mkdir(mode=0o700)
         try:
-            _write_entry(tmp, hsaco, meta)
+            _write_entry(tmp, hsaco, meta_json)
             try:
                 os.rename(tmp, final)
             except OSError:
@@ -406,13 +406,14 @@ class Store:
         finally:
             if os.path.lexists(tmp):
                 _rmtree(tmp)
-        self._record_toolchain(arch, meta["factors"]["toolchain"])
         # Read back through the load path on purpose: it proves the published copy (or the
         # racing winner's) is whole before anyone is told it exists.
         try:
-            return read_entry(self.writable, final, arch)
+            entry = read_entry(self.writable, final, arch)
         except CorruptEntry as exc:
             raise CorruptEntry(f"the cache entry just published at {final} is bad: {exc}") from None
+        self._record_toolchain(arch, entry.meta.toolchain)
+        return entry
 
     def _record_toolchain(self, arch: str, fingerprint: dict) -> None:
         """Remember which toolchain built entries here, so a process that cannot fingerprint a
@@ -518,9 +519,9 @@ def toolchain_record(fingerprint: dict) -> tuple[str, bytes]:
     return f"{sha256(text.encode()).hexdigest()[:16]}.json", text.encode()
 
 
-def _write_entry(folder: Path, hsaco: bytes, meta: dict) -> None:
-    """The entry's files in the new folder `folder`, each created exclusively and fsynced."""
-    data = meta_bytes(meta)
+def _write_entry(folder: Path, hsaco: bytes, data: bytes) -> None:
+    """The entry's files in the new folder `folder` (`data`: meta.json's bytes), each created
+    exclusively and fsynced."""
     write_new(folder / HSACO_NAME, hsaco, FILE_MODE)
     write_new(folder / META_NAME, data, FILE_MODE)
     write_new(folder / DIGEST_NAME, meta_digest(data), FILE_MODE)

@@ -42,12 +42,12 @@ class Reporter:
 
     def planned(self, total: int) -> None:
         self.total = total
-        if self.bar is not None:
+        if self.bar is not None and self.task is not None:
             self.bar.update(self.task, total=total)
 
     def finished(self, event: str, label: str, detail: str) -> None:
         self.done += 1
-        if self.bar is not None:
+        if self.bar is not None and self.task is not None:
             self.bar.update(self.task, advance=1, description=f"{event} {label}")
         if event == FAILED:  # one line, whatever the verbosity, markup-free
             self.console.print(f"[red]failed[/red] {escape(detail)}", soft_wrap=True)

@@ -64,25 +64,25 @@ def inspect(key, cache_dir, as_json):
     entry = api.find_entry(key, settings=settings_for(cache_dir))
     lean = api.cannot_compile_here()
     if as_json:
-        emit_json("inspect", {**entry.meta, "meta_schema": entry.meta["schema"], "path": str(entry.path),
+        emit_json("inspect", {**entry.meta.to_json(), "meta_schema": entry.meta.schema, "path": str(entry.path),
                               "cannot_compile": lean})
         return
-    meta, launch = entry.meta, entry.meta["launch"]
-    click.echo(f"key        {entry.key}\npath       {entry.path}\ntemplate   {meta['template']}  "
-               f"spec {plain(meta['spec'])}")
-    click.echo(f"hsaco      {meta['hsaco']['size']} B  sha256 {meta['hsaco']['sha256']}")
-    click.echo(f"launch     grid {'x'.join(map(str, launch['grid']))} block {'x'.join(map(str, launch['block']))} "
-               f"dynamic LDS {launch['dynamic_lds']} B  persistent {plain(meta['persistent'])}")
-    for k in meta["kernels"]:
-        click.echo(f"kernel     {k['name']}: VGPR {k['vgpr']} AGPR {k['agpr']} SGPR {k['sgpr']} LDS {k['lds']} B "
-                   f"scratch {k['scratch']} B spills {k['vgpr_spills']}+{k['sgpr_spills']} wave {k['wavefront_size']} "
-                   f"kernarg {k['kernarg_size']} B")
-        res = meta["residency"].get(k["name"])
+    meta, launch = entry.meta, entry.meta.launch
+    click.echo(f"key        {entry.key}\npath       {entry.path}\ntemplate   {meta.template}  "
+               f"spec {plain(dict(meta.spec))}")
+    click.echo(f"hsaco      {meta.hsaco.size} B  sha256 {meta.hsaco.sha256}")
+    click.echo(f"launch     grid {'x'.join(map(str, launch.grid))} block {'x'.join(map(str, launch.block))} "
+               f"dynamic LDS {launch.dynamic_lds} B  persistent {plain(meta.persistent)}")
+    for k in meta.kernels:
+        click.echo(f"kernel     {k.name}: VGPR {k.vgpr} AGPR {k.agpr} SGPR {k.sgpr} LDS {k.lds} B "
+                   f"scratch {k.scratch} B spills {k.vgpr_spills}+{k.sgpr_spills} wave {k.wavefront_size} "
+                   f"kernarg {k.kernarg_size} B")
+        res = meta.residency.get(k.name)
         if res:
-            click.echo(f"residency  {res['waves_per_cta']} waves/CTA, {res['waves_per_simd']} per SIMD, "
-                       f"{res['regs_per_wave']} regs/wave, {res['ctas_per_cu']} CTA(s) per CU fit")
-    click.echo(f"budget     {plain(meta['budget'])}  compiled in {meta['compile_seconds']} s on {meta['created']}")
-    for name, value in sorted(meta["factors"]["toolchain"].items()):
+            click.echo(f"residency  {res.waves_per_cta} waves/CTA, {res.waves_per_simd} per SIMD, "
+                       f"{res.regs_per_wave} regs/wave, {res.ctas_per_cu} CTA(s) per CU fit")
+    click.echo(f"budget     {plain(dict(meta.budget))}  compiled in {meta.compile_seconds} s on {meta.created}")
+    for name, value in sorted(meta.toolchain.items()):
         click.echo(f"toolchain  {name} = {plain(value)}")
     if lean:
         note(f"{lean} (verify --rebuild cannot recompile this entry here)")

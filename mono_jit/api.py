@@ -226,7 +226,7 @@ def export(bundle: Path, *, templates: Iterable[str] | None = None, settings: Se
 
     names = None if templates is None else set(templates)
     entries = [e for e in Store(_settings(settings)).served()
-               if names is None or e.meta["template"] in names]
+               if names is None or e.meta.template in names]
     return export_bundle(bundle, entries)
 
 
@@ -325,7 +325,7 @@ def push(ref: str | Reference, *, templates: Iterable[str] | None = None, replac
 
     settings = _settings(settings)
     names = None if templates is None else set(templates)
-    entries = [e for e in Store(settings).served() if names is None or e.meta["template"] in names]
+    entries = [e for e in Store(settings).served() if names is None or e.meta.template in names]
     return push_entries(_registry(ref, settings, insecure), entries, replace=replace)
 
 

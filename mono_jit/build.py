@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 from mono_jit.cache import Entry, Store, key_factors, cache_key
 from mono_jit.cache.digest import sha256
-from mono_jit.cache.store import META_SCHEMA
+from mono_jit.cache.meta import EntryMeta, HsacoDigest, KernelLaunch, LaunchDims, StoredArgument
+from mono_jit.resources import Residency
 
 from . import __version__, resources
 from .errors import CompileError, InvalidCodeObject, TemplateError
@@ -85,29 +86,29 @@ class BuildJob:
                     checks.match_kernargs(self.label, arguments, kernel)
                 except TemplateError as exc:  # a build the runtime could not pack: the job fails
                     raise CompileError(str(exc)) from None
-        meta = {
-            "schema": META_SCHEMA,
-            "key": self.key,
-            "factors": self.factors,
-            "template": self.template.name,
-            "spec": self.template.key_spec(self.spec),
-            "build_spec": self.spec.as_dict(),
-            "arch": self.arch,
-            "hsaco": {"size": len(hsaco), "sha256": sha256(hsaco).hexdigest()},
-            "kernels": [k.as_dict() for k in kernels],
-            "launches": result["launches"],
-            "launch": self.template.launch_shape(self.spec).as_dict(),
-            "arguments": [a.as_dict() for a in arguments],
-            "persistent": self.template.persistent,
-            "budget": self.template.budget.__dict__,
-            "residency": residency,
-            "compile_seconds": round(result["seconds"], 3),
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "mono_jit": __version__,
-        }
+        shape = self.template.launch_shape(self.spec)
+        meta = EntryMeta(
+            key=self.key,
+            factors=self.factors,
+            template=self.template.name,
+            spec=self.template.key_spec(self.spec),
+            build_spec=self.spec.as_dict(),
+            arch=self.arch,
+            hsaco=HsacoDigest(len(hsaco), sha256(hsaco).hexdigest()),
+            kernels=tuple(kernels),
+            launches=tuple(KernelLaunch.from_json(launch) for launch in result["launches"]),
+            launch=LaunchDims.of(shape),
+            arguments=tuple(StoredArgument.of(a) for a in arguments),
+            persistent=self.template.persistent,
+            budget=dict(self.template.budget.__dict__),
+            residency=residency,
+            compile_seconds=round(result["seconds"], 3),
+            created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            mono_jit=__version__,
+        )
         return store.publish(self.key, self.arch, hsaco, meta)
 
-    def _check_launches(self, kernels: list[KernelInfo], launches: list[dict]) -> dict[str, dict]:
+    def _check_launches(self, kernels: list[KernelInfo], launches: list[dict]) -> dict[str, Residency]:
         """Every launch must match the template's launch shape and pass the resource gate;
         returns each launched kernel's residency."""
         if not launches:
@@ -115,7 +116,7 @@ class BuildJob:
         shape = self.template.launch_shape(self.spec)
         expected = {"grid": list(shape.grid), "block": list(shape.block), "dynamic_lds": shape.dynamic_lds}
         by_name = {k.name: k for k in kernels}
-        residency = {}
+        residency: dict[str, Residency] = {}
         for launch in launches:
             computed = [f for f in ("grid", "block") if None in launch[f]]
             computed += ["dynamic_lds"] * (launch["dynamic_lds"] is None)
@@ -132,7 +133,7 @@ class BuildJob:
             residency[kernel.name] = resources.check(
                 kernel, block=math.prod(shape.block), grid=math.prod(shape.grid), dynamic_lds=shape.dynamic_lds,
                 persistent=self.template.persistent, budget=self.template.budget, what=self.label,
-            ).as_dict()
+            )
         return residency
 
 

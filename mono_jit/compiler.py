@@ -74,10 +74,12 @@ def compile_build(build: "Build") -> tuple[bytes, list[dict]]:
 
 def compile_here(template_name: str, spec_data: dict) -> dict:
     """Trace + compile in this process; {'hsaco', 'launches', 'seconds'}. Called in a worker."""
-    from .templates import get
+    from .templates import checks, get
 
     template = get(template_name)
     spec = Spec.from_dict(spec_data)
     started = time.perf_counter()
-    hsaco, launches = compile_build(template.build(spec))
+    build = template.build(spec)
+    checks.match_build(f"{template_name}({spec})", template.arguments(spec), build)
+    hsaco, launches = compile_build(build)
     return {"hsaco": hsaco, "launches": launches, "seconds": time.perf_counter() - started}

@@ -9,7 +9,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
+
+if TYPE_CHECKING:
+    from mono_jit.cache.oci.reference import Reference
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,7 @@ def _peer_wait(text: str) -> float:
     return value
 
 
-def _remote(text: str) -> object:
+def _remote(text: str) -> "Reference":
     from mono_jit.cache.oci.reference import parse_reference  # only when MONO_JIT_REMOTE is set
 
     return parse_reference(text)
@@ -137,11 +140,32 @@ _TABLE: tuple[tuple[str, str, Callable[[str], object], Callable[[], object], str
 
 
 class Settings:
-    """The settings in force, from an environment mapping (default: os.environ)."""
+    """The settings in force, from an environment mapping (default: os.environ). Each setting of
+    the table above is an attribute of the type its parser returns (tests/test_config.py checks
+    the two lists agree)."""
+
+    cache_dir: Path
+    cache_path: tuple[Path, ...]
+    lock_dir: Path | None
+    offline: bool
+    lock_timeout: float
+    compile_timeout: float
+    allow_shared_roots: bool
+    ld_lld: Path | None
+    device_libs: Path | None
+    exact_toolchain: bool
+    vllm_plugin: bool
+    remote: Reference | None
+    remote_push: bool
+    remote_insecure: tuple[str, ...]
+    remote_timeout: float
+    prebuild_templates: tuple[str, ...]
+    peer_wait: float
+    backend: str
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
         environ = os.environ if environ is None else environ
-        self._items: dict[str, Setting] = {}
+        items: dict[str, Setting] = {}
         for name, var, parse, default, help_text in _TABLE:
             raw = environ.get(var, "")
             if raw != "":
@@ -153,13 +177,13 @@ class Settings:
                     raise MonoJitError(f"{var}={raw!r}: {exc}") from None
             else:
                 value, source = default(), "default"
-            self._items[name] = Setting(name, var, value, source, help_text)
+            items[name] = Setting(name, var, value, source, help_text)
+        self._set(items)
 
-    def __getattr__(self, name: str) -> object:
-        try:
-            return self._items[name].value
-        except KeyError:
-            raise AttributeError(name) from None
+    def _set(self, items: dict[str, Setting]) -> None:
+        self._items = items
+        for name, setting in items.items():
+            setattr(self, name, setting.value)
 
     def items(self) -> list[Setting]:
         return list(self._items.values())
@@ -171,18 +195,17 @@ class Settings:
         if unknown:
             raise AttributeError(f"no such setting: {', '.join(unknown)}")
         copy = Settings.__new__(Settings)
-        copy._items = {**self._items, **{name: replace(self._items[name], value=value, source="override")
-                                         for name, value in values.items()}}
+        copy._set({**self._items, **{name: replace(self._items[name], value=value, source="override")
+                                     for name, value in values.items()}})
         return copy
 
     @property
     def writable_root(self) -> Path:
-        return self._items["cache_dir"].value  # type: ignore[return-value]
+        return self.cache_dir
 
     @property
     def readonly_roots(self) -> tuple[Path, ...]:
-        return self._items["cache_path"].value  # type: ignore[return-value]
+        return self.cache_path
 
     def locks(self) -> Path:
-        explicit = self._items["lock_dir"].value
-        return explicit if explicit is not None else self.writable_root / "v1" / "locks"  # type: ignore[return-value]
+        return self.lock_dir if self.lock_dir is not None else self.writable_root / "v1" / "locks"

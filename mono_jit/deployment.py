@@ -29,7 +29,7 @@ def default_templates(settings: Settings) -> list[str]:
 
     registered = set(names())
     chosen = [name for name in LAYER_TEMPLATES if name in registered]
-    chosen += [name for name in settings.prebuild_templates if name not in chosen]  # type: ignore[attr-defined]
+    chosen += [name for name in settings.prebuild_templates if name not in chosen]
     if not chosen:
         raise MonoJitError(f"none of the layer's templates ({', '.join(LAYER_TEMPLATES)}) is registered and "
                            "MONO_JIT_PREBUILD_TEMPLATES names none: is mono-jit installed (pip install -e .)?")

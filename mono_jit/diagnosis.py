@@ -40,8 +40,8 @@ class Miss:
 
 
 def _same_build(job: BuildJob, entry: Entry) -> bool:
-    return (entry.arch == job.arch and entry.meta["template"] == job.template.name
-            and entry.meta["spec"] == job.template.key_spec(job.spec))
+    return (entry.arch == job.arch and entry.meta.template == job.template.name
+            and entry.meta.spec == job.template.key_spec(job.spec))
 
 
 def classify(store: Store, jobs: list[BuildJob], bad: list[tuple[Path, str]] | None = None) -> Miss:
@@ -60,13 +60,13 @@ def classify(store: Store, jobs: list[BuildJob], bad: list[tuple[Path, str]] | N
     others = [e for e in store.served() if _same_build(jobs[0], e)]
     identity = build_identity(jobs[0].factors)
     for entry in others:  # the same build by another toolchain: a lookup serves it unless told not to
-        if build_identity(entry.meta["factors"]) == identity:
-            names = [name for name, _, _ in diff(jobs[0].factors, entry.meta["factors"])]
+        if build_identity(entry.meta.factors) == identity:
+            names = [name for name, _, _ in diff(jobs[0].factors, entry.meta.factors)]
             refused = "; MONO_JIT_EXACT_TOOLCHAIN=1 refuses it" if store.settings.exact_toolchain else ""
             return Miss(OTHER_TOOLCHAIN, f"entry {entry.key[:16]} at {entry.layer.root} differs in "
                                          f"{', '.join(names)}{refused}")
     for entry in others:
-        names = [name for name, _, _ in diff(jobs[0].factors, entry.meta["factors"]) if name.startswith("template.")]
+        names = [name for name, _, _ in diff(jobs[0].factors, entry.meta.factors) if name.startswith("template.")]
         if names:
             return Miss(OTHER_SOURCES, f"entry {entry.key[:16]} at {entry.layer.root} differs in {', '.join(names)}")
     roots = ", ".join(str(layer.root) for layer in store.layers) or "no readable layer"
@@ -140,12 +140,12 @@ def explain(store: Store, template: Template, spec: Spec, own: dict | None, tool
     if corrupt:
         return Explanation(label, key, "corrupt", str(corrupt[0][0]), corrupt[0][1], None, None, [], toolchain)
     miss = classify(store, jobs, bad)
-    candidates = [e for e in store.served() if e.meta["template"] == template.name and e.arch == spec.arch]
+    candidates = [e for e in store.served() if e.meta.template == template.name and e.arch == spec.arch]
     nearest = None
     differences: list[dict] = []
     if jobs and candidates:
-        nearest = min(candidates, key=lambda e: len(diff(jobs[0].factors, e.meta["factors"])))
+        nearest = min(candidates, key=lambda e: len(diff(jobs[0].factors, e.meta.factors)))
         differences = [{"factor": f, "wanted": w, "stored": s} for f, w, s in diff(jobs[0].factors,
-                                                                                   nearest.meta["factors"])]
+                                                                                   nearest.meta.factors)]
     return Explanation(label, key, "miss", None, miss.detail, miss.kind, nearest.key if nearest else None,
                        differences, toolchain)

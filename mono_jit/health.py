@@ -65,7 +65,7 @@ def doctor(settings: Settings, deep: bool = False) -> Checks:
             return lean
         tc = resolve_toolchain(settings)
         entries = [e for e in walk()[1] if isinstance(e, Entry)]
-        matching = sum(e.meta["factors"]["toolchain"] == tc.fingerprint for e in entries)
+        matching = sum(e.meta.toolchain == tc.fingerprint for e in entries)
         if entries and not matching:
             raise MonoJitError(f"none of the {len(entries)} cache entries was built by this toolchain "
                                f"({', '.join(f'{k}={v}' for k, v in tc.fingerprint.items())}): every lookup here "

@@ -6,8 +6,11 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from mono_jit.cache import Entry, Store
+from mono_jit.cache.meta import EntryMeta
 from mono_jit.cache.store import last_used
 
 from .errors import MonoJitError
@@ -18,30 +21,29 @@ class KeyPrefixError(MonoJitError, ValueError):
     """A key prefix that is not hex, too short, or matches no entry or several."""
 
 
-def label(meta: dict) -> str:
+def label(meta: EntryMeta) -> str:
     """'template(field=value, ...)' of an entry, as a BuildJob labels it."""
-    return f"{meta['template']}({', '.join(f'{k}={v}' for k, v in meta['spec'].items())})"
+    return meta.label
 
 
 def status(entry: Entry) -> str:
     """"ok", or "stale" when the installed template's sources differ from those that built it
     (a lookup never reaches it again: gc collects it), or "unknown template"."""
     try:
-        installed = get(entry.meta["template"]).source_digest()
+        installed = get(entry.meta.template).source_digest()
     except MonoJitError:
         return "unknown template"
-    return "ok" if entry.meta["factors"]["template"]["source_digest"] == installed else "stale"
+    return "ok" if entry.meta.source_digest == installed else "stale"
 
 
 def row(entry: Entry) -> dict:
     """One entry as `list` shows it; every field always present, with one type."""
-    kernel = entry.meta["kernels"][0]
-    return {"key": entry.key, "template": entry.meta["template"], "label": label(entry.meta),
-            "spec": entry.meta["spec"], "arch": entry.arch, "path": str(entry.path),
-            "layer": "writable" if entry.layer.writable else "read-only", "bytes": entry.meta["hsaco"]["size"],
-            "disk_bytes": entry.size, "vgpr": kernel["vgpr"], "agpr": kernel["agpr"], "sgpr": kernel["sgpr"],
-            "lds": kernel["lds"], "scratch": kernel["scratch"],
-            "compile_seconds": float(entry.meta.get("compile_seconds") or 0.0),
+    kernel = entry.meta.kernels[0]
+    return {"key": entry.key, "template": entry.meta.template, "label": label(entry.meta),
+            "spec": entry.meta.spec, "arch": entry.arch, "path": str(entry.path),
+            "layer": "writable" if entry.layer.writable else "read-only", "bytes": entry.meta.hsaco.size,
+            "disk_bytes": entry.size, "vgpr": kernel.vgpr, "agpr": kernel.agpr, "sgpr": kernel.sgpr,
+            "lds": kernel.lds, "scratch": kernel.scratch, "compile_seconds": float(entry.meta.compile_seconds),
             "last_used": time.strftime("%Y-%m-%d %H:%M", time.localtime(last_used(entry.path))),
             "status": status(entry)}
 
@@ -65,13 +67,14 @@ def listing(store: Store, templates: tuple[str, ...] | None = None) -> Listing:
     """Every served entry (read-only layers first), filtered by template names when given, and
     each layer's entry count and bytes on disk (of every served entry, whatever the filter)."""
     out = Listing()
-    per_layer = {layer.root: {"root": str(layer.root), "writable": layer.writable, "entries": 0, "bytes": 0}
-                 for layer in store.layers}
+    per_layer: dict[Path, dict[str, Any]] = {
+        layer.root: {"root": str(layer.root), "writable": layer.writable, "entries": 0, "bytes": 0}
+        for layer in store.layers}
     for entry in store.served():
         rowed = row(entry)
         per_layer[entry.layer.root]["entries"] += 1
         per_layer[entry.layer.root]["bytes"] += rowed["disk_bytes"]
-        if templates is None or entry.meta["template"] in templates:
+        if templates is None or entry.meta.template in templates:
             out.entries.append(rowed)
     out.layers = list(per_layer.values())
     return out

@@ -43,6 +43,7 @@ from .templates import Template, get
 from .toolchain import Toolchain, resolve_toolchain
 
 if TYPE_CHECKING:
+    from mono_jit.cache.meta import EntryMeta
     from .miss import Misses
 
 
@@ -56,7 +57,7 @@ class Resolved:
         return self.entry.hsaco
 
     @property
-    def meta(self) -> dict:
+    def meta(self) -> EntryMeta:
         return self.entry.meta
 
 

@@ -217,7 +217,8 @@ def find_bitcode(settings: Settings) -> Path:
     when nothing before it holds ocml.bc)."""
     candidates: list[Path] = []
     if settings.device_libs is not None:
-        groups: tuple[Callable[[], list[Path]], ...] = (lambda: [settings.device_libs],)  # type: ignore[list-item]
+        explicit = settings.device_libs
+        groups: tuple[Callable[[], list[Path]], ...] = (lambda: [explicit],)
     else:
         groups = (
             lambda: [Path(r) / "amdgcn" / "bitcode" for r in (os.environ.get("ROCM_PATH"), "/opt/rocm") if r],

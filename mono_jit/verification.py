@@ -52,7 +52,7 @@ def verify(store: Store, *, rebuild: bool, jobs: int, timeout: float, progress: 
         for row in report.rows:
             if row["ok"]:
                 digest = fresh[row["key"]]
-                row["identical"] = digest == good[row["key"]].meta["hsaco"]["sha256"]
+                row["identical"] = digest == good[row["key"]].meta.hsaco.sha256
                 row["rebuilt_sha256"] = digest if len(digest) == 64 else None
                 row["ok"] = row["identical"]
                 if not row["identical"]:
@@ -77,8 +77,8 @@ def _rebuild_hashes(entries: list[Entry], settings: Settings, jobs: int, timeout
         by_arch.setdefault(entry.arch, []).append(entry)
     for arch, group in by_arch.items():
         labels = {entry.key: label(entry.meta) for entry in group}
-        expected = {entry.key: entry.meta["hsaco"]["sha256"] for entry in group}
-        items = [(entry.key, (entry.meta["template"], entry.meta["build_spec"])) for entry in group]
+        expected = {entry.key: entry.meta.hsaco.sha256 for entry in group}
+        items = [(entry.key, (entry.meta.template, entry.meta.build_spec)) for entry in group]
         with compile_pool(toolchain, arch, jobs, timeout) as pool:
             for outcome in pool.run(items):
                 key = outcome.job_id

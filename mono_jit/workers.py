@@ -138,10 +138,10 @@ class WorkerPool:
                 item = next(pending, _END)
                 if item is _END:
                     exhausted = True
-                elif item is None:
-                    break
-                else:
+                elif isinstance(item, tuple):
                     self._submit(*item)
+                else:  # None: nothing ready yet
+                    break
             if not self._busy():
                 if exhausted:
                     return

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from cache_settings import settings_at
 from mono_jit.build import BuildJob
-from mono_jit.cache import Entry, Store, cache_key
+from mono_jit.cache import Entry, EntryMeta, Store, cache_key
 from mono_jit.cache.store import meta_bytes, meta_digest, toolchain_record
 import mono_jit.resolution as resolver
 from mono_jit.cli import main
@@ -116,10 +116,10 @@ def _republish(cache, template: str, spec: Spec, fingerprint: dict) -> Entry:
     valid entry of the same build, under that toolchain's key)."""
     store = Store(settings_at(cache))
     entry = store.lookup(key(template, spec, resolve_toolchain(settings_at(cache)).fingerprint), "gfx950")
-    meta = json.loads(json.dumps(entry.meta))
+    meta = entry.meta.to_json()
     meta["factors"]["toolchain"] = fingerprint
     meta["key"] = cache_key(meta["factors"])
-    return store.publish(meta["key"], "gfx950", entry.hsaco, meta)
+    return store.publish(meta["key"], "gfx950", entry.hsaco, EntryMeta.from_json(meta))
 
 
 def test_this_hosts_own_toolchains_entry_is_preferred(warm_cache, serving_bitcode, caplog):
@@ -185,7 +185,7 @@ def test_a_forged_entry_claiming_the_build_but_with_other_factors_is_not_served(
     (warm_cache / "v1" / "gfx950" / "toolchains" / name).write_bytes(data)
     real = Store(settings_at(warm_cache)).lookup(key("router", ROUTER, built), "gfx950")
     claimed = key("router", ROUTER, third)
-    meta = json.loads(json.dumps(real.meta))
+    meta = real.meta.to_json()
     meta["factors"]["toolchain"] = third
     meta["factors"]["spec"]["max_tokens"] = 2  # another build's factors ...
     meta["key"] = claimed  # ... under the key of this one

@@ -26,13 +26,13 @@ def entries(root):
 
 def test_entries_are_gfx950_code_objects_within_budget(golden_cache):
     found = entries(golden_cache)
-    assert {e.meta["template"] for e in found} == {"router", "keytable"}
+    assert {e.meta.template for e in found} == {"router", "keytable"}
     for entry in found:
         kernels = inspect_code_object(entry.hsaco, "gfx950")
         assert kernels[0].scratch == 0 and kernels[0].vgpr_spills == 0
-        assert entry.meta["launch"]["grid"][0] == entry.meta["spec"]["max_tokens"]
-        assert entry.meta["factors"]["toolchain"]["flydsl"] == "0.5.0"
-        assert "/" not in json.dumps(entry.meta["factors"])  # no paths in the key
+        assert entry.meta.launch.grid[0] == entry.meta.spec["max_tokens"]
+        assert entry.meta.toolchain["flydsl"] == "0.5.0"
+        assert "/" not in json.dumps(entry.meta.factors)  # no paths in the key
 
 
 def test_second_prebuild_is_all_hits(warm_cache):
@@ -42,7 +42,7 @@ def test_second_prebuild_is_all_hits(warm_cache):
 
 def test_corrupt_entry_is_quarantined_and_recompiled(warm_cache, golden_pool):
     settings = settings_at(warm_cache)
-    entry = next(e for e in entries(warm_cache) if e.meta["template"] == "router")
+    entry = next(e for e in entries(warm_cache) if e.meta.template == "router")
     blob = bytearray((entry.path / "kernel.hsaco").read_bytes())
     blob[200] ^= 0xFF
     (entry.path / "kernel.hsaco").write_bytes(bytes(blob))
@@ -53,7 +53,7 @@ def test_corrupt_entry_is_quarantined_and_recompiled(warm_cache, golden_pool):
 
 
 def test_truncated_meta_is_a_miss_not_a_crash(warm_cache):
-    entry = next(e for e in entries(warm_cache) if e.meta["template"] == "keytable")
+    entry = next(e for e in entries(warm_cache) if e.meta.template == "keytable")
     (entry.path / "meta.json").write_text('{"schema": 1, "key"')
     store = Store(settings_at(warm_cache))
     assert store.lookup(entry.key, "gfx950") is None

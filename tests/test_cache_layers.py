@@ -30,7 +30,7 @@ def shadowed(request, warm_cache, tmp_path):
     one of them (the router) is bad."""
     readonly = tmp_path / "ro"
     shutil.copytree(warm_cache, readonly, symlinks=True)
-    entry = next(e for e in Store(settings_at(readonly)).entries() if isinstance(e, Entry) and e.meta["template"] == "router")
+    entry = next(e for e in Store(settings_at(readonly)).entries() if isinstance(e, Entry) and e.meta.template == "router")
     shutil.rmtree(readonly / "v1" / "gfx950" / "toolchains", ignore_errors=True)
     for other in (readonly / "v1" / "gfx950").glob("??/*"):
         if other.name != entry.key:

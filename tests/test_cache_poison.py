@@ -20,7 +20,7 @@ from mono_jit.cli import main
 
 
 def _entry(root, template="router"):
-    return next(e for e in Store(settings_at(root)).entries() if isinstance(e, Entry) and e.meta["template"] == template)
+    return next(e for e in Store(settings_at(root)).entries() if isinstance(e, Entry) and e.meta.template == template)
 
 
 def _write_meta(path, meta):

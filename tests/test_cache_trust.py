@@ -21,7 +21,7 @@ ROUTER = "router"
 
 
 def _entry(root, template=ROUTER):
-    return next(e for e in Store(settings_at(root)).entries() if isinstance(e, Entry) and e.meta["template"] == template)
+    return next(e for e in Store(settings_at(root)).entries() if isinstance(e, Entry) and e.meta.template == template)
 
 
 def _levels(root, entry):
@@ -109,11 +109,11 @@ def test_shared_roots_allowed_accept_modes_and_owners_but_never_links(warm_cache
 UMASK_RUN = """
 import json, os, sys
 os.umask(int(sys.argv[1], 8))
-from mono_jit.cache import Store
+from mono_jit.cache import EntryMeta, Store
 from mono_jit.config import Settings
 entry = json.loads(open(sys.argv[2]).read())
 store = Store(Settings())
-store.publish(entry["key"], "gfx950", bytes.fromhex(entry["hsaco"]), entry["meta"])
+store.publish(entry["key"], "gfx950", bytes.fromhex(entry["hsaco"]), EntryMeta.from_json(entry["meta"]))
 for key in json.loads(sys.argv[3]):
     assert store.lookup(key, "gfx950") is not None, key
 print("OK")
@@ -128,7 +128,7 @@ def test_two_runs_under_a_loose_umask_publish_and_hit(golden_cache, tmp_path, um
     published = []
     for entry in entries:  # two consecutive processes, each publishing one entry
         spec = tmp_path / f"{entry.key}.json"
-        spec.write_text(json.dumps({"key": entry.key, "hsaco": entry.hsaco.hex(), "meta": entry.meta}))
+        spec.write_text(json.dumps({"key": entry.key, "hsaco": entry.hsaco.hex(), "meta": entry.meta.to_json()}))
         published.append(entry.key)
         run = subprocess.run([sys.executable, "-c", UMASK_RUN, umask, str(spec), json.dumps(published)],
                              env=env, capture_output=True, text=True, timeout=120)

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from cache_settings import settings_at
-from mono_jit.cache import Entry, Store, cache_key
+from mono_jit.cache import Entry, EntryMeta, Store, cache_key
 from mono_jit.cli import main
 from mono_jit.errors import OfflineMiss
 from mono_jit.resolution import resolve
@@ -27,7 +27,7 @@ def invoke(root, *args, code=0, env=None):
 
 
 def router_entry(root) -> Entry:
-    return next(e for e in Store(settings_at(root)).entries() if isinstance(e, Entry) and e.meta["template"] == "router")
+    return next(e for e in Store(settings_at(root)).entries() if isinstance(e, Entry) and e.meta.template == "router")
 
 
 def flip_hsaco_byte(entry: Entry) -> None:
@@ -88,7 +88,7 @@ def _rebuilt_by_another_toolchain(root) -> Entry:
     meta["factors"]["toolchain"]["ld_lld"] = "LLD 99.0.0"
     meta["key"] = cache_key(meta["factors"])
     store.remove(entry.path)
-    return store.publish(meta["key"], "gfx950", entry.hsaco, meta)
+    return store.publish(meta["key"], "gfx950", entry.hsaco, EntryMeta.from_json(meta))
 
 
 @pytest.mark.parametrize("case, kind", [("absent", "not in any layer"), ("toolchain", "built by another toolchain"),

@@ -71,7 +71,7 @@ def test_a_full_or_read_only_disk_stops_prebuild_cleanly(golden_pool, tmp_path, 
 def test_a_file_in_the_way_fails_its_build_and_the_others_go_on(golden_pool, warm_cache, tmp_path):
     root = tmp_path / "cache"
     entries = good_entries(warm_cache)
-    router = next(e for e in entries if e.meta["template"] == "router")
+    router = next(e for e in entries if e.meta.template == "router")
     blocked = sum(e.key[:2] == router.key[:2] for e in entries)  # keys that share the router's folder
     blocker = root / "v1" / "gfx950" / router.key[:2]
     blocker.parent.mkdir(parents=True, mode=0o700)

@@ -14,7 +14,7 @@ from mono_jit.resources import Budget, check
 @pytest.fixture
 def router_entry(golden_cache) -> Entry:
     return next(e for e in Store(settings_at(golden_cache)).entries()
-                if isinstance(e, Entry) and e.meta["template"] == "router")
+                if isinstance(e, Entry) and e.meta.template == "router")
 
 
 def test_real_code_object_metadata(router_entry):
@@ -61,9 +61,9 @@ def test_finish_refuses_launches_that_differ_from_the_template(router_entry, tmp
     from mono_jit.templates import get
     from mono_jit.workers import Outcome
 
-    job = BuildJob.plan(get("router"), Spec.from_dict(router_entry.meta["build_spec"]), router_entry.meta["factors"]["toolchain"])
+    job = BuildJob.plan(get("router"), Spec.from_dict(router_entry.meta.build_spec), router_entry.meta.toolchain)
     store = Store(settings_at(tmp_path / "c"))
-    good = dict(router_entry.meta["launches"][0])
+    good = router_entry.meta.launches[0].to_json()
     wrong = {**good, "grid": [256, 1, 1]}
     for launches, message in (([wrong], "differs from the template's launch shape"), ([], "launched no kernel"),
                               ([{**good, "kernel": "other_0"}], "not in the code object")):

@@ -35,18 +35,18 @@ def k1_builds(k1_cache):
 @pytest.mark.parametrize("rows", BUCKETS)
 def test_k1_bucket_fits_the_persistent_grid(k1_builds, rows):
     meta, hsaco, _ = k1_builds[rows]
-    assert meta["launch"] == {"grid": [256, 1, 1], "block": [512, 1, 1], "dynamic_lds": PIN_LDS_BYTES}
-    assert meta["persistent"] is True
+    assert meta.launch.to_json() == {"grid": [256, 1, 1], "block": [512, 1, 1], "dynamic_lds": PIN_LDS_BYTES}
+    assert meta.persistent is True
     (kernel,) = read_metadata(hsaco)[1]
     assert kernel.scratch == 0 and kernel.vgpr_spills == 0 and kernel.sgpr_spills == 0
     assert kernel.reqd_workgroup_size == (512, 1, 1)
-    residency = meta["residency"][kernel.name]
+    residency = meta.residency[kernel.name].as_dict()
     assert residency["ctas_per_cu"] == 1 and residency["waves_per_simd"] == 2  # one CTA on each CU
     assert kernel.lds == STATIC_LDS_BYTES and residency["lds_bytes"] > LDS_PER_CU // 2
     assert kernel.vgpr + kernel.agpr <= 256  # two waves per SIMD
     # The kernarg block is exactly the contract: 27 tensors (pointer + i32 length) and 8 i32.
     assert len(kernel.args) == 27 * 2 + 8
-    assert [a["name"] for a in meta["arguments"]][-8:] == [
+    assert [a.name for a in meta.arguments][-8:] == [
         "m", "do_fold", "qkv_stride", "qkv_shuffled", "qb_stride", "qb_shuffled", "page_stride", "block_size"]
 
 
@@ -91,7 +91,7 @@ def test_k1_builds_for_another_tp_and_an_odd_bucket(tmp_path):
     (entry,) = list(Store(settings).entries())
     (kernel,) = read_metadata(entry.hsaco)[1]
     assert kernel.scratch == 0 and kernel.vgpr_spills == 0 and kernel.sgpr_spills == 0
-    assert "[M, 8, 512]" in next(a["doc"] for a in entry.meta["arguments"] if a["name"] == "q_out")
+    assert "[M, 8, 512]" in next(a.doc for a in entry.meta.arguments if a.name == "q_out")
     assert K1Layout(16, 3).s5_tasks == 128
 
 

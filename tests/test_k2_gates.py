@@ -44,18 +44,18 @@ def _id(build):
 @pytest.mark.parametrize("build", BUILDS, ids=_id)
 def test_k2_build_fits_the_persistent_grid_without_spills(k2_builds, build):
     meta, hsaco, _ = k2_builds[build]
-    assert meta["launch"] == {"grid": [256, 1, 1], "block": [512, 1, 1], "dynamic_lds": PIN_LDS_BYTES}
-    assert meta["persistent"] is True
+    assert meta.launch.to_json() == {"grid": [256, 1, 1], "block": [512, 1, 1], "dynamic_lds": PIN_LDS_BYTES}
+    assert meta.persistent is True
     (kernel,) = read_metadata(hsaco)[1]
     assert kernel.scratch == 0 and kernel.vgpr_spills == 0 and kernel.sgpr_spills == 0
     assert kernel.reqd_workgroup_size == (512, 1, 1)
-    residency = meta["residency"][kernel.name]
+    residency = meta.residency[kernel.name].as_dict()
     assert residency["ctas_per_cu"] == 1 and residency["waves_per_simd"] == 2
     assert kernel.lds == STATIC_LDS_BYTES and residency["lds_bytes"] > LDS_PER_CU // 2
     assert kernel.vgpr + kernel.agpr < UPSTREAM_VGPRS
     # The kernarg block is the contract: 16 tensors (pointer + i32 length) and 10 i32.
     assert len(kernel.args) == 16 * 2 + 10
-    assert [a["name"] for a in meta["arguments"]][-10:] == [
+    assert [a.name for a in meta.arguments][-10:] == [
         "m", "rank", "swa_page_stride", "swa_block", "comp_page_stride", "comp_block", "bt_stride", "per_page",
         "use_hash", "peer_wait_us"]
 

@@ -232,7 +232,7 @@ def test_a_source_file_that_disappears_fails_the_plugins_jobs(plugins):
 
 
 def _outcome(entry) -> Outcome:
-    return Outcome(entry.key, "ok", {"hsaco": entry.hsaco, "launches": entry.meta["launches"], "seconds": 0.1})
+    return Outcome(entry.key, "ok", {"hsaco": entry.hsaco, "launches": [launch.to_json() for launch in entry.meta.launches], "seconds": 0.1})
 
 
 def test_arguments_are_checked_against_the_compiled_kernarg_layout(warm_cache, tmp_path):
@@ -245,11 +245,11 @@ def test_arguments_are_checked_against_the_compiled_kernarg_layout(warm_cache, t
             return super().arguments(spec)[:-1]  # forgets use_hash
 
     store = Store(settings_at(tmp_path / "fresh"))
-    fewer = BuildJob.plan(Fewer(), spec, entry.meta["factors"]["toolchain"], router.source_digest())
+    fewer = BuildJob.plan(Fewer(), spec, entry.meta.toolchain, router.source_digest())
     with pytest.raises(CompileError, match="the code object has 14 explicit arguments, the template declares 13"):
         fewer.finish(store, _outcome(entry))
     assert list(store.entries()) == []  # nothing the runtime could not pack is published
-    same = BuildJob.plan(router, spec, entry.meta["factors"]["toolchain"])
+    same = BuildJob.plan(router, spec, entry.meta.toolchain)
     assert same.finish(store, _outcome(entry)).key == same.key  # the declared arguments match
 
 

@@ -61,7 +61,7 @@ a, b, out = torch.randn(2 * WIDTH), torch.randn(2 * WIDTH), torch.zeros(2 * WIDT
 values = {"a": a, "b": b, "out": out, "m": 1}
 kernargs = pack(r.meta, values)
 run(values)
-print(json.dumps({"compiled": r.compiled, "kernargs": len(kernargs), "launch": r.meta["launch"],
+print(json.dumps({"compiled": r.compiled, "kernargs": len(kernargs), "launch": r.meta.launch.to_json(),
                   "first_row": bool(torch.equal(out[:WIDTH], a[:WIDTH] + b[:WIDTH])),
                   "second_row_untouched": bool(torch.count_nonzero(out[WIDTH:]) == 0)}))
 """

@@ -30,8 +30,8 @@ def read_only_cache(warm_cache, tmp_path):
         shutil.copytree(warm_cache, mount / "cache", symlinks=True)
         os.chmod(mount / "cache", 0o700)
         store = Store(settings_at(mount / "cache"))
-        (entry,) = [e for e in store.entries() if isinstance(e, Entry) and e.meta["template"] == "keytable"
-                    and e.meta["factors"]["spec"]["ratio"] == MISSING.ratio]
+        (entry,) = [e for e in store.entries() if isinstance(e, Entry) and e.meta.template == "keytable"
+                    and e.meta.factors["spec"]["ratio"] == MISSING.ratio]
         shutil.rmtree(entry.path)
         assert (mount / "cache" / "v1" / "locks").is_dir()  # the prebuild that filled it made its lock folder
 

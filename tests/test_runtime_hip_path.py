@@ -57,10 +57,10 @@ def test_a_step_launches_the_buckets_k1_with_vllms_tensors_in_its_kernargs(k1_ca
     image = fake_hip.loaded[function.handle - 1][0]
     build = next(b for b in runner.kernels if b.bucket == 4)
     meta = runner.kernels[build].meta
-    assert image == function.image and meta["spec"]["max_tokens"] == 4
-    assert (grid, block, lds, stream) == ((256, 1, 1), (512, 1, 1), meta["launch"]["dynamic_lds"], 0)
+    assert image == function.image and meta.spec["max_tokens"] == 4
+    assert (grid, block, lds, stream) == ((256, 1, 1), (512, 1, 1), meta.launch.dynamic_lds, 0)
     _, (kernel,) = read_metadata(image)
-    names = [a["name"] for a in meta["arguments"] for _ in range(2 if a["kind"] == "tensor" else 1)]
+    names = [a.name for a in meta.arguments for _ in range(2 if a.kind == "tensor" else 1)]
     words = {}
     for name, arg in zip(names, kernel.args):
         fmt = "<Q" if arg.size == 8 else "<i"
@@ -90,3 +90,19 @@ def test_no_hip_runtime_declines_with_hips_reason(monkeypatch, tmp_path):
     monkeypatch.setattr(hip_module.Hip, "get", classmethod(no_runtime))
     runner = MonoRunner(8, 0, None, "cpu", 8192, templates=("k1",), settings=settings_at(tmp_path / "c"))
     assert "libamdhip64" in runner.declined
+
+
+class _NullLib:
+    """A HIP library whose every call reports success but writes no pointer."""
+
+    def __getattr__(self, name):
+        return lambda *args: 0
+
+
+def test_a_call_that_succeeds_with_a_null_pointer_is_an_error_not_an_address_of_none():
+    hip = hip_module.Hip.__new__(hip_module.Hip)
+    hip._lib = _NullLib()
+    with pytest.raises(HipError, match="hipExtMallocWithFlags succeeded but returned a null pointer"):
+        hip.malloc_uncached(4096)
+    with pytest.raises(HipError, match="hipModuleGetFunction succeeded but returned a null pointer"):
+        hip.load(b"code", "kernel")

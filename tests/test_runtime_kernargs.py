@@ -7,6 +7,7 @@ scalar on a table of its own."""
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ from mono_jit.cache.store import Store
 from mono_jit.errors import TemplateError
 from mono_jit.hsaco import read_metadata
 from mono_jit.runtime.backends import declared_meta
-from mono_jit.runtime.kernargs import KernargError, layout, pack
+from mono_jit.runtime.kernargs import DeclaredTable, KernargError, layout, pack
 from mono_jit.runtime.runner import pages
 from mono_jit.spec import Spec
 from mono_jit.templates import Argument, LaunchShape, Template, checks, get
@@ -35,17 +36,16 @@ def every_template(golden_cache, k1_cache):
     found = {}
     for root in (golden_cache, k1_cache):
         for entry in entries(root):
-            found.setdefault(entry.meta["template"], entry)
+            found.setdefault(entry.meta.template, entry)
     assert set(found) == {"router", "keytable", "k1"}
     return found
 
 
-def values_for(arguments: list[dict]) -> dict:
+def values_for(arguments) -> dict:
     """A distinct small CPU tensor per tensor argument (length 3 + its index), a distinct i32 per scalar."""
     values = {}
     for i, a in enumerate(arguments):
-        values[a["name"]] = (torch.zeros(3 + i, dtype=getattr(torch, a["dtype"])) if a["kind"] == "tensor"
-                             else 1000 + i)
+        values[a.name] = torch.zeros(3 + i, dtype=getattr(torch, a.dtype)) if a.kind == "tensor" else 1000 + i
     return values
 
 
@@ -55,45 +55,44 @@ def test_packed_bytes_sit_where_the_code_object_says(every_template, name):
     _, kernels = read_metadata(entry.hsaco)
     (kernel,) = kernels
     table = [a for a in kernel.args if not a.value_kind.startswith("hidden_")]
-    values = values_for(entry.meta["arguments"])
+    values = values_for(entry.meta.arguments)
     buffer = pack(entry.meta, values)
     assert len(buffer) <= kernel.kernarg_size
     slot = iter(table)
-    for a in entry.meta["arguments"]:
-        value = values[a["name"]]
-        if a["kind"] == "tensor":
+    for a in entry.meta.arguments:
+        value = values[a.name]
+        if a.kind == "tensor":
             pointer, extent = next(slot), next(slot)
             assert (pointer.size, pointer.value_kind, extent.size, extent.value_kind) == (8, "global_buffer", 4,
                                                                                           "by_value")
-            assert struct.unpack_from("<Q", buffer, pointer.offset)[0] == value.data_ptr(), a["name"]
-            length = 0 if a.get("unbounded") else value.numel()  # an unbounded tensor's slot holds 0
-            assert struct.unpack_from("<i", buffer, extent.offset)[0] == length, a["name"]
+            assert struct.unpack_from("<Q", buffer, pointer.offset)[0] == value.data_ptr(), a.name
+            length = 0 if a.unbounded else value.numel()  # an unbounded tensor's slot holds 0
+            assert struct.unpack_from("<i", buffer, extent.offset)[0] == length, a.name
         else:
             scalar = next(slot)
-            assert scalar.size == 4 and struct.unpack_from("<i", buffer, scalar.offset)[0] == value, a["name"]
+            assert scalar.size == 4 and struct.unpack_from("<i", buffer, scalar.offset)[0] == value, a.name
     assert next(slot, None) is None
 
 
 @pytest.mark.parametrize("name", ["router", "keytable", "k1"])
 def test_the_reference_backends_declared_table_is_the_code_objects(every_template, name):
     entry = every_template[name]
-    declared = declared_meta(get(name), Spec.from_dict(entry.meta["build_spec"]))
+    declared = declared_meta(get(name), Spec.from_dict(entry.meta.build_spec))
     _, (kernel,) = read_metadata(entry.hsaco)
-    assert declared["kernels"][0]["args"] == [{"offset": a.offset, "size": a.size, "value_kind": a.value_kind}
-                                              for a in kernel.args]
+    assert declared.kernels[0].args == kernel.args
 
 
 def test_bad_arguments_are_refused_by_name(every_template):
     meta = every_template["router"].meta
-    good = values_for(meta["arguments"])
-    first_tensor = next(a for a in meta["arguments"] if a["kind"] == "tensor")
-    first_scalar = next(a for a in meta["arguments"] if a["kind"] != "tensor")
+    good = values_for(meta.arguments)
+    first_tensor = next(a.name for a in meta.arguments if a.kind == "tensor")
+    first_scalar = next(a.name for a in meta.arguments if a.kind != "tensor")
     cases = [
-        ({**good, first_tensor["name"]: good[first_tensor["name"]].to(torch.float64)}, "dtype float64"),
-        ({**good, first_tensor["name"]: torch.zeros(4, 2, dtype=good[first_tensor["name"]].dtype).t()}, "contiguous"),
-        ({**good, first_scalar["name"]: 2**31}, "i32"),
-        ({**good, first_scalar["name"]: True}, "i32"),
-        ({k: v for k, v in good.items() if k != first_scalar["name"]}, "missing"),
+        ({**good, first_tensor: good[first_tensor].to(torch.float64)}, "dtype float64"),
+        ({**good, first_tensor: torch.zeros(4, 2, dtype=good[first_tensor].dtype).t()}, "contiguous"),
+        ({**good, first_scalar: 2**31}, "i32"),
+        ({**good, first_scalar: True}, "i32"),
+        ({k: v for k, v in good.items() if k != first_scalar}, "missing"),
         ({**good, "extra": 1}, "unknown"),
     ]
     for values, message in cases:
@@ -102,14 +101,15 @@ def test_bad_arguments_are_refused_by_name(every_template):
 
 
 def test_a_code_object_table_that_disagrees_with_the_template_is_refused(every_template):
-    meta = dict(every_template["router"].meta)
-    args = list(meta["kernels"][0]["args"])
-    meta["kernels"] = [{**meta["kernels"][0], "args": args[:-1]}]
+    meta = every_template["router"].meta
+    (kernel,) = meta.kernels
+    fewer = replace(meta, kernels=(replace(kernel, args=kernel.args[:-1]),))
     with pytest.raises(KernargError, match="explicit arguments"):
-        pack(meta, values_for(meta["arguments"]))
-    meta["kernels"] = [{**meta["kernels"][0], "args": [{**args[0], "size": 4, "value_kind": "by_value"}] + args[1:]}]
+        pack(fewer, values_for(meta.arguments))
+    first = replace(kernel.args[0], size=4, value_kind="by_value")
+    retyped = replace(meta, kernels=(replace(kernel, args=(first, *kernel.args[1:])),))
     with pytest.raises(KernargError, match="global_buffer"):
-        pack(meta, values_for(meta["arguments"]))
+        pack(retyped, values_for(meta.arguments))
 
 
 class _Raw(Template):
@@ -138,14 +138,14 @@ def test_an_i64_argument_is_eight_bytes_where_the_table_says():
         checks.arguments(type("Bad", (_Raw,), {"arguments": lambda self, s: (Argument("a", "i64", "int32", ""),)})(),
                          spec, "raw")
     meta = declared_meta(_Raw(), spec)
-    assert [(a["offset"], a["size"]) for a in meta["kernels"][0]["args"]] == [(0, 8), (8, 4), (16, 8)]
+    assert [(a.offset, a.size) for a in meta.kernels[0].args] == [(0, 8), (8, 4), (16, 8)]
     assert pack(meta, {"address": 2**40 + 3, "m": -5, "stride": 584}) == struct.pack("<qiiq", 2**40 + 3, -5, 0, 584)
     with pytest.raises(KernargError, match="expected an i64"):
         pack(meta, {"address": 2**63, "m": 1, "stride": 0})
-    table = meta["kernels"][0]["args"]
-    meta["kernels"] = [{"args": [{**table[0], "size": 4}, *table[1:]]}]
+    table = meta.kernels[0].args
+    narrow = replace(meta, kernels=(DeclaredTable((replace(table[0], size=4), *table[1:])),))
     with pytest.raises(KernargError, match="expected by_value/8 B"):
-        pack(meta, {"address": 1, "m": 1, "stride": 0})
+        pack(narrow, {"address": 1, "m": 1, "stride": 0})
 
 
 @pytest.mark.parametrize("name, caches", [("k1", ("kv_cache",)), ("k2", ("swa_cache", "comp_cache"))])
@@ -159,14 +159,14 @@ def test_kv_caches_past_4_gib_pack_with_their_pointer(name, caches, tmp_path):
     cache = sparse_bytes(tmp_path / "cache", 5 * GiB // stride * stride).view(-1, stride)
     view = pages(torch.as_strided(cache, (cache.shape[0], 64, 584), (stride, 584, 1)))
     assert view.numel() > 4 * GiB
-    values = {**values_for(meta["arguments"]), **{c: view for c in caches}}
+    values = {**values_for(meta.arguments), **{c: view for c in caches}}
     buffer = pack(meta, values)
     slots, _ = layout(meta)
     for c in caches:
         pointer, extent = [s for s in slots if s.argument == c]
         assert struct.unpack_from("<Q", buffer, pointer.offset)[0] == cache.data_ptr()
         assert struct.unpack_from("<i", buffer, extent.offset)[0] == 0
-    other = next(a for a in meta["arguments"] if a["kind"] == "tensor" and a["name"] not in caches)
-    huge = torch.empty(2**31, dtype=getattr(torch, other["dtype"]), device="meta")
-    with pytest.raises(KernargError, match=f"argument '{other['name']}': 2147483648 elements do not fit"):
-        pack(meta, {**values, other["name"]: huge})
+    other = next(a for a in meta.arguments if a.kind == "tensor" and a.name not in caches)
+    huge = torch.empty(2**31, dtype=getattr(torch, other.dtype), device="meta")
+    with pytest.raises(KernargError, match=f"argument '{other.name}': 2147483648 elements do not fit"):
+        pack(meta, {**values, other.name: huge})

@@ -31,7 +31,7 @@ from mono_jit.errors import RemoteError
 from mono_jit.spec import SUPPORTED_ARCHS
 
 from ..key import canonical_json
-from ..store import HSACO_CAP, HSACO_NAME, META_CAP, META_NAME, CorruptEntry, Entry, meta_bytes, verify_entry
+from ..store import HSACO_CAP, HSACO_NAME, META_CAP, META_NAME, CorruptEntry, Entry, verify_entry
 from ..tarball import write_tar
 from .reference import Reference
 
@@ -94,12 +94,12 @@ class Listing:
 def pack(entry: Entry) -> bytes:
     """The entry's blob (deterministic: same entry, same bytes; meta.json first, as ever)."""
     out = io.BytesIO()
-    write_tar(out, {META_NAME: meta_bytes(entry.meta), HSACO_NAME: entry.hsaco}, first=META_NAME)
+    write_tar(out, {META_NAME: entry.meta_json, HSACO_NAME: entry.hsaco}, first=META_NAME)
     return out.getvalue()
 
 
-def unpack(listed: Listed, blob: bytes, where: Reference) -> tuple[bytes, dict]:
-    """(hsaco, meta) of a fetched blob, verified as a local load verifies an entry (key, factors,
+def unpack(listed: Listed, blob: bytes, where: Reference) -> tuple[bytes, bytes]:
+    """(hsaco, meta.json's bytes) of a fetched blob, verified as a local load verifies an entry (key, factors,
     schema, HSACO size / sha256 / ELF header for the arch); RemoteError naming the entry if not."""
     name = f"{where}: entry {listed.arch}/{listed.key[:16]}"
     files: dict[str, bytes] = {}
@@ -116,14 +116,10 @@ def unpack(listed: Listed, blob: bytes, where: Reference) -> tuple[bytes, dict]:
     if set(files) != {META_NAME, HSACO_NAME}:
         raise RemoteError(f"{name}: its blob lacks {META_NAME} or {HSACO_NAME}")
     try:
-        meta = json.loads(files[META_NAME])
-    except (ValueError, RecursionError) as exc:
-        raise RemoteError(f"{name}: meta.json is not JSON ({exc})") from None
-    try:
-        verify_entry(listed.key, listed.arch, meta, files[HSACO_NAME])
+        verify_entry(listed.key, listed.arch, files[META_NAME], files[HSACO_NAME])
     except CorruptEntry as exc:
         raise RemoteError(f"{name} fails verification (forged or damaged): {exc}") from None
-    return files[HSACO_NAME], meta
+    return files[HSACO_NAME], files[META_NAME]
 
 
 # -- the manifest ---------------------------------------------------------------------------------
@@ -134,8 +130,8 @@ def descriptor(entry: Entry, blob: bytes) -> dict:
     meta = entry.meta
     return {"mediaType": ENTRY_MEDIA_TYPE, "digest": digest_of(blob), "size": len(blob),
             "annotations": {TITLE: f"{entry.arch}/{entry.key}.tar", A_KEY: entry.key, A_ARCH: entry.arch,
-                            A_TEMPLATE: str(meta["template"]), A_SPEC: canonical_json(meta["spec"]),
-                            A_TOOLCHAIN: toolchain_id(meta["factors"]["toolchain"])}}
+                            A_TEMPLATE: meta.template, A_SPEC: canonical_json(meta.spec),
+                            A_TOOLCHAIN: toolchain_id(meta.toolchain)}}
 
 
 def config_descriptor() -> dict:
@@ -162,7 +158,8 @@ def parse_manifest(manifest: dict, data: bytes, where: Reference) -> Listing:
     kind = config.get("mediaType") if isinstance(config, dict) else None
     if manifest.get("mediaType", MANIFEST_MEDIA_TYPE) != MANIFEST_MEDIA_TYPE or kind != CONFIG_MEDIA_TYPE:
         raise RemoteError(f"{where} is not a mono-jit cache (its config is {kind!r}, expected {CONFIG_MEDIA_TYPE})")
-    notes = manifest.get("annotations") if isinstance(manifest.get("annotations"), dict) else {}
+    found = manifest.get("annotations")
+    notes: dict = found if isinstance(found, dict) else {}
     if notes.get(A_SCHEMA) != SCHEMA:
         raise RemoteError(f"{where}: unknown mono-jit artifact schema {notes.get(A_SCHEMA)!r} (expected {SCHEMA})")
     layers = manifest.get("layers")

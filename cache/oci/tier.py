@@ -42,10 +42,12 @@ class RemoteTier:
     """The registry reference of MONO_JIT_REMOTE, for one resolve session."""
 
     def __init__(self, settings: Settings) -> None:
-        self.ref: Reference = settings.remote  # type: ignore[assignment]
+        if settings.remote is None:
+            raise ValueError("a remote tier needs MONO_JIT_REMOTE")
+        self.ref: Reference = settings.remote
         self.push_allowed = bool(settings.remote_push)
-        self.insecure = self.ref.registry in settings.remote_insecure  # type: ignore[operator]
-        self.timeout = float(settings.remote_timeout)  # type: ignore[arg-type]
+        self.insecure = self.ref.registry in settings.remote_insecure
+        self.timeout = float(settings.remote_timeout)
         self._registry: Registry | None = None
         self._listing: object = _UNREAD
         self.down: str | None = None  # why the registry is not asked again this session

@@ -47,7 +47,7 @@ def push(registry: Registry, entries: list[Entry], replace: bool = False) -> dic
     toolchains = {} if (replace or old is None) else dict(old.toolchains)
     added = uploaded = sent = 0
     for entry in entries:
-        toolchains.setdefault(toolchain_id(entry.meta["factors"]["toolchain"]), entry.meta["factors"]["toolchain"])
+        toolchains.setdefault(toolchain_id(entry.meta.toolchain), entry.meta.toolchain)
         if entry.key in layers:
             continue  # same key, same content: it is listed already
         blob = pack(entry)
@@ -67,15 +67,15 @@ def push(registry: Registry, entries: list[Entry], replace: bool = False) -> dic
             "manifest_digest": digest, "requests": registry.requests_sent}
 
 
-def fetch(registry: Registry, listed: Listed) -> tuple[bytes, dict]:
-    """One entry's (hsaco, meta), fetched (one request) and verified."""
+def fetch(registry: Registry, listed: Listed) -> tuple[bytes, bytes]:
+    """One entry's (hsaco, meta.json's bytes), fetched (one request) and verified."""
     return unpack(listed, registry.blob(listed.digest, listed.size), registry.ref)
 
 
-def publish(store: Store, listed: Listed, hsaco: bytes, meta: dict) -> Entry:
-    """A verified fetched entry, published in the store's writable layer (one rename)."""
+def publish(store: Store, listed: Listed, hsaco: bytes, meta_json: bytes) -> Entry:
+    """A verified fetched entry, published unchanged in the store's writable layer (one rename)."""
     try:
-        return store.publish(listed.key, listed.arch, hsaco, meta)
+        return store.publish_json(listed.key, listed.arch, hsaco, meta_json)
     except OSError as exc:
         raise RemoteError(disk_problem(exc, f"cannot publish {listed.arch}/{listed.key[:16]}",
                                        store.writable.root)) from None
@@ -126,7 +126,7 @@ def _in_image_layer(dest: Path, listed: Listed) -> bool:
     return True
 
 
-def _publish_image_layer(staged: list[tuple[Listed, bytes, dict]], dest: Path) -> None:
+def _publish_image_layer(staged: list[tuple[Listed, bytes, bytes]], dest: Path) -> None:
     """Publish verified entries into a private staging store, then copy them into the image
     layer as `prebuild --image-layer` does (folders 0755, files 0444, one rename an entry)."""
     from mono_jit.config import Settings

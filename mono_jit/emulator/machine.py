@@ -261,7 +261,9 @@ class _State:
             self.machine.unregister(buffer)
 
     def _build_waves(self) -> None:
-        waves, ctas, lds_sizes = [], [], []
+        waves: list[tuple[int, Launch, int, tuple[int, int, int], int, int]] = []
+        ctas: list[tuple[int, int, int]] = []
+        lds_sizes: list[int] = []
         vgprs = max(launch.code.descriptor.vgprs for launch in self.launches)
         for index, launch in enumerate(self.launches):
             kd = launch.code.descriptor
@@ -293,10 +295,11 @@ class _State:
         first_wave: dict[int, int] = {}
         for w, (index, launch, cta, (x, y, z), wave, threads) in enumerate(waves):
             kd = launch.code.descriptor
-            if self.scratch[index] is not None:  # the wave's block of its launch's scratch
+            scratch = self.scratch[index]
+            if scratch is not None:  # the wave's block of its launch's scratch
                 k = w - first_wave.setdefault(index, w)
                 self.WS[w, core.WS_PRIVATE] = kd.private_segment_size
-                self.WS[w, core.WS_SCRATCH] = self.scratch[index].ctypes.data + k * WAVE * kd.private_segment_size
+                self.WS[w, core.WS_SCRATCH] = scratch.ctypes.data + k * WAVE * kd.private_segment_size
             self.WS[w, core.WS_PC] = self.row0[index] + launch.code.program.entry
             self.WS[w, core.WS_CTA] = cta
             self.WS[w, core.WS_DEVICE] = launch.device

@@ -14,9 +14,12 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol
 
+from mono_jit.cache.meta import EntryMeta, LaunchDims, StoredArgument
+
+from ..hsaco import KernelArg
 from ..spec import Spec
 from ..templates import Template
-from .kernargs import KernargError, layout, pack
+from .kernargs import DeclaredMeta, DeclaredTable, KernargError, LaunchMeta, layout, pack
 
 
 @dataclass(frozen=True)
@@ -25,7 +28,7 @@ class Kernel:
 
     template: str
     spec: Spec
-    meta: Mapping[str, Any]
+    meta: LaunchMeta
     handle: Any  # hip.Function, or the reference's run function
 
 
@@ -33,24 +36,36 @@ class Backend(Protocol):
     name: str
     needs_cache: bool  # resolve entries from the cache (hip) or only the template (reference)
 
-    def load(self, template: Template, spec: Spec, meta: Mapping[str, Any], hsaco: bytes | None) -> Kernel: ...
+    def load(self, template: Template, spec: Spec, meta: LaunchMeta | None, hsaco: bytes | None) -> Kernel: ...
 
     def launch(self, kernel: Kernel, values: Mapping[str, Any], stream: int) -> None: ...
 
 
-def declared_meta(template: Template, spec: Spec) -> dict[str, Any]:
+def declared_meta(template: Template, spec: Spec) -> DeclaredMeta:
     """What the reference backend checks arguments against when no entry is loaded: the
     template's arguments, with the code-object table FlyDSL would give them."""
-    table, offset = [], 0
+    table: list[KernelArg] = []
+    offset = 0
     for argument in template.arguments(spec):
         parts = {"tensor": [("global_buffer", 8), ("by_value", 4)], "i64": [("by_value", 8)]}.get(
             argument.kind, [("by_value", 4)])
         for kind, size in parts:
             offset = -(-offset // size) * size
-            table.append({"offset": offset, "size": size, "value_kind": kind})
+            table.append(KernelArg(offset, size, kind))
             offset += size
-    return {"template": template.name, "arguments": [a.as_dict() for a in template.arguments(spec)],
-            "kernels": [{"args": table}], "launch": template.launch_shape(spec).as_dict()}
+    shape = template.launch_shape(spec)
+    arguments = tuple(StoredArgument.of(a) for a in template.arguments(spec))
+    return DeclaredMeta(template.name, arguments, (DeclaredTable(tuple(table)),),
+                        LaunchDims.of(shape))
+
+
+def _one_launch(template: Template, meta: LaunchMeta | None) -> tuple[EntryMeta, str]:
+    """A cache entry's meta and the one kernel it launches (the runner launches one)."""
+    if not isinstance(meta, EntryMeta):
+        raise KernargError(f"{template.name}: this backend launches cache entries; none was given")
+    if len(meta.launches) != 1:
+        raise KernargError(f"{template.name}: {len(meta.launches)} launches in its entry; the runner launches one")
+    return meta, meta.launches[0].kernel
 
 
 class HipBackend:
@@ -64,17 +79,16 @@ class HipBackend:
 
         self.hip = Hip.get()
 
-    def load(self, template: Template, spec: Spec, meta: Mapping[str, Any], hsaco: bytes | None) -> Kernel:
-        launches = meta["launches"]
-        if len(launches) != 1:
-            raise KernargError(f"{template.name}: {len(launches)} launches in its entry; the runner launches one")
+    def load(self, template: Template, spec: Spec, meta: LaunchMeta | None, hsaco: bytes | None) -> Kernel:
+        meta, kernel = _one_launch(template, meta)
         layout(meta)  # checked at load: an entry whose table does not fit fails before any step
-        return Kernel(template.name, spec, meta, self.hip.load(hsaco, launches[0]["kernel"]))
+        if hsaco is None:
+            raise KernargError(f"{template.name}: HIP launches code objects; none was given")
+        return Kernel(template.name, spec, meta, self.hip.load(hsaco, kernel))
 
     def launch(self, kernel: Kernel, values: Mapping[str, Any], stream: int) -> None:
-        shape = kernel.meta["launch"]
-        self.hip.launch(kernel.handle, tuple(shape["grid"]), tuple(shape["block"]), shape["dynamic_lds"], stream,
-                        pack(kernel.meta, values))
+        shape = kernel.meta.launch
+        self.hip.launch(kernel.handle, shape.grid, shape.block, shape.dynamic_lds, stream, pack(kernel.meta, values))
 
 
 class ReferenceBackend:
@@ -83,7 +97,7 @@ class ReferenceBackend:
     name = "reference"
     needs_cache = False
 
-    def load(self, template: Template, spec: Spec, meta: Mapping[str, Any], hsaco: bytes | None) -> Kernel:
+    def load(self, template: Template, spec: Spec, meta: LaunchMeta | None, hsaco: bytes | None) -> Kernel:
         module = importlib.import_module(template.reference_module_name())
         run: Callable[[dict[str, Any], Spec], None] | None = getattr(module, "run", None)
         if run is None:
@@ -110,25 +124,23 @@ class EmulatorBackend:
         self.device = device
         self.last_report: Any = None
 
-    def load(self, template: Template, spec: Spec, meta: Mapping[str, Any], hsaco: bytes | None) -> Kernel:
+    def load(self, template: Template, spec: Spec, meta: LaunchMeta | None, hsaco: bytes | None) -> Kernel:
         from ..emulator import CodeObject
 
-        launches = meta["launches"]
-        if len(launches) != 1:
-            raise KernargError(f"{template.name}: {len(launches)} launches in its entry; the runner launches one")
+        meta, kernel = _one_launch(template, meta)
         layout(meta)
         if hsaco is None:
             raise KernargError(f"{template.name}: the emulator runs code objects; none was given")
-        return Kernel(template.name, spec, meta, CodeObject(hsaco, launches[0]["kernel"]))
+        return Kernel(template.name, spec, meta, CodeObject(hsaco, kernel))
 
     def launch(self, kernel: Kernel, values: Mapping[str, Any], stream: int) -> None:
         kernarg = pack(kernel.meta, values)
         added = [value for name, value in values.items()
                  if hasattr(value, "data_ptr") and self.machine.register_new(value, name)]
         try:
-            shape = kernel.meta["launch"]
-            self.last_report = self.machine.launch(kernel.handle, shape["grid"], shape["block"], kernarg,
-                                                   shape["dynamic_lds"], self.device)
+            shape = kernel.meta.launch
+            self.last_report = self.machine.launch(kernel.handle, shape.grid, shape.block, kernarg,
+                                                   shape.dynamic_lds, self.device)
         finally:
             for value in added:
                 self.machine.unregister(value)

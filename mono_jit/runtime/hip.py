@@ -148,7 +148,8 @@ class Hip:
         self._check(self._lib.hipModuleLoadData(ctypes.byref(module), image), "hipModuleLoadData")
         self._check(self._lib.hipModuleGetFunction(ctypes.byref(function), module, kernel.encode()),
                     f"hipModuleGetFunction({kernel!r})")
-        return Function(function.value, module.value, kernel, image)
+        return Function(_address(function, "hipModuleGetFunction"), _address(module, "hipModuleLoadData"), kernel,
+                        image)
 
     def launch(self, function: Function, grid: tuple[int, int, int], block: tuple[int, int, int],
                dynamic_lds: int, stream: int, kernargs: bytes) -> None:
@@ -167,7 +168,7 @@ class Hip:
                     f"hipExtMallocWithFlags({nbytes}, uncached)")
         self._check(self._lib.hipMemset(pointer, 0, nbytes), "hipMemset")
         self._check(self._lib.hipDeviceSynchronize(), "hipDeviceSynchronize")
-        return pointer.value
+        return _address(pointer, "hipExtMallocWithFlags")
 
     def free(self, pointer: int) -> None:
         self._check(self._lib.hipFree(ctypes.c_void_p(pointer)), "hipFree")
@@ -183,7 +184,14 @@ class Hip:
         pointer = ctypes.c_void_p()
         self._check(self._lib.hipIpcOpenMemHandle(ctypes.byref(pointer), IpcHandle.from_buffer_copy(handle),
                                                   IPC_MEM_LAZY_ENABLE_PEER_ACCESS), "hipIpcOpenMemHandle")
-        return pointer.value
+        return _address(pointer, "hipIpcOpenMemHandle")
 
     def ipc_close(self, pointer: int) -> None:
         self._check(self._lib.hipIpcCloseMemHandle(ctypes.c_void_p(pointer)), "hipIpcCloseMemHandle")
+
+
+def _address(pointer: ctypes.c_void_p, call: str) -> int:
+    """The address a successful HIP call wrote; HipError if it left a null one."""
+    if pointer.value is None:
+        raise HipError(f"{call} succeeded but returned a null pointer")
+    return pointer.value

@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Protocol, Sequence
+
+from mono_jit.cache.meta import LaunchDims, StoredArgument
 
 from ..errors import MonoJitError
+from ..hsaco import KernelArg
 
 POINTER = ("global_buffer", 8)
 EXTENT = ("by_value", 4)
@@ -37,6 +40,46 @@ class KernargError(MonoJitError, ValueError):
     """Arguments that do not fit a kernel's declared arguments or its code object's table."""
 
 
+class ArgTable(Protocol):
+    """A code object's argument table for one kernel (offset, size, value kind of each)."""
+
+    @property
+    def args(self) -> Sequence[KernelArg]: ...
+
+
+class LaunchMeta(Protocol):
+    """What packing and launching read of an entry's metadata (an EntryMeta has all of it)."""
+
+    @property
+    def template(self) -> str: ...
+
+    @property
+    def arguments(self) -> Sequence[StoredArgument]: ...
+
+    @property
+    def kernels(self) -> Sequence[ArgTable]: ...
+
+    @property
+    def launch(self) -> LaunchDims: ...
+
+
+@dataclass(frozen=True)
+class DeclaredTable:
+    """An argument table not read from a code object (the one FlyDSL would give, see backends)."""
+
+    args: tuple[KernelArg, ...]
+
+
+@dataclass(frozen=True)
+class DeclaredMeta:
+    """A template's declared arguments and launch, with no cache entry behind them."""
+
+    template: str
+    arguments: tuple[StoredArgument, ...]
+    kernels: tuple[DeclaredTable, ...]
+    launch: LaunchDims
+
+
 @dataclass(frozen=True)
 class Slot:
     """One explicit code-object argument: where it goes and how it is encoded."""
@@ -47,35 +90,35 @@ class Slot:
     size: int
 
 
-def layout(meta: Mapping[str, Any], kernel: int = 0) -> tuple[list[Slot], int]:
+def layout(meta: LaunchMeta, kernel: int = 0) -> tuple[list[Slot], int]:
     """The slots of every declared argument, in order, and the buffer size, from the metadata."""
-    table = [a for a in meta["kernels"][kernel]["args"] if not a["value_kind"].startswith("hidden_")]
+    table = [a for a in meta.kernels[kernel].args if not a.value_kind.startswith("hidden_")]
     slots: list[Slot] = []
     position = 0
 
     def take(name: str, part: str, expected: tuple[str, int]) -> None:
         nonlocal position
         if position >= len(table):
-            raise KernargError(f"{meta['template']}: the code object has {len(table)} explicit arguments, "
+            raise KernargError(f"{meta.template}: the code object has {len(table)} explicit arguments, "
                                f"too few for argument {name!r}")
         entry = table[position]
-        if (entry["value_kind"], entry["size"]) != expected:
-            raise KernargError(f"{meta['template']}: argument {name!r} ({part}) is code-object argument "
-                               f"{position} of kind {entry['value_kind']}/{entry['size']} B, expected "
+        if (entry.value_kind, entry.size) != expected:
+            raise KernargError(f"{meta.template}: argument {name!r} ({part}) is code-object argument "
+                               f"{position} of kind {entry.value_kind}/{entry.size} B, expected "
                                f"{expected[0]}/{expected[1]} B")
-        slots.append(Slot(name, part, entry["offset"], entry["size"]))
+        slots.append(Slot(name, part, entry.offset, entry.size))
         position += 1
 
-    for argument in meta["arguments"]:
-        if argument["kind"] == "tensor":
-            take(argument["name"], "pointer", POINTER)
-            take(argument["name"], "extent", EXTENT)
-        elif argument["kind"] == "i64":
-            take(argument["name"], "value64", I64)
+    for argument in meta.arguments:
+        if argument.kind == "tensor":
+            take(argument.name, "pointer", POINTER)
+            take(argument.name, "extent", EXTENT)
+        elif argument.kind == "i64":
+            take(argument.name, "value64", I64)
         else:
-            take(argument["name"], "value", EXTENT)
+            take(argument.name, "value", EXTENT)
     if position != len(table):
-        raise KernargError(f"{meta['template']}: the code object has {len(table)} explicit arguments, "
+        raise KernargError(f"{meta.template}: the code object has {len(table)} explicit arguments, "
                            f"the template declares {position}")
     size = max((s.offset + s.size for s in slots), default=0)
     return slots, size
@@ -99,23 +142,23 @@ def _tensor_fields(name: str, dtype: str, value: Any, unbounded: bool) -> tuple[
     return value.data_ptr(), extent
 
 
-def pack(meta: Mapping[str, Any], values: Mapping[str, Any], kernel: int = 0) -> bytes:
+def pack(meta: LaunchMeta, values: Mapping[str, Any], kernel: int = 0) -> bytes:
     """The kernarg bytes for `values` (argument name -> tensor or int) per the entry's metadata."""
     slots, size = layout(meta, kernel)
-    declared = {a["name"]: a for a in meta["arguments"]}
+    declared = {a.name: a for a in meta.arguments}
     missing = [name for name in declared if name not in values]
     unknown = [name for name in values if name not in declared]
     if missing or unknown:
-        raise KernargError(f"{meta['template']}: missing arguments {missing}, unknown arguments {unknown}")
+        raise KernargError(f"{meta.template}: missing arguments {missing}, unknown arguments {unknown}")
     fields: dict[str, tuple[int, int]] = {}
     for name, argument in declared.items():
         value = values[name]
-        if argument["kind"] == "tensor":
-            fields[name] = _tensor_fields(name, argument["dtype"], value, argument.get("unbounded", False))
+        if argument.kind == "tensor":
+            fields[name] = _tensor_fields(name, argument.dtype, value, argument.unbounded)
         else:
-            low, high = SCALAR_RANGES[argument["kind"]]
+            low, high = SCALAR_RANGES[argument.kind]
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise KernargError(f"argument {name!r}: expected an {argument['kind']}, got {value!r}")
+                raise KernargError(f"argument {name!r}: expected an {argument.kind}, got {value!r}")
             fields[name] = (value, value)
     buffer = bytearray(size)
     for slot in slots:

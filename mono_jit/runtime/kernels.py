@@ -57,7 +57,7 @@ def load_grid(grid: list[GridEntry], backend: Backend,
     loaded by the backend."""
     templates = {name: get(name) for name in {build.template for build in grid}}
     if not backend.needs_cache:
-        return {b: backend.load(templates[b.template], b.spec, {}, None) for b in grid}
+        return {b: backend.load(templates[b.template], b.spec, None, None) for b in grid}
     from ..resolution import resolve_many
 
     resolved = resolve_many([(templates[b.template], b.spec) for b in grid], settings=settings)

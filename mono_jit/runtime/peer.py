@@ -69,7 +69,8 @@ def exchange(memory: Any, nbytes: int, group: Any, rank: int, tp: int) -> tuple[
     allocates and maps: HIP's IPC (hip.Hip) or host shared memory (host_memory.py), whose
     `settled` runs once every rank has opened every buffer."""
     size = -(-nbytes // PAGE) * PAGE
-    local = handle = None
+    local: Any = None  # the buffer's address once allocated
+    handle: Any = None
     why = ""
     try:
         local = memory.malloc_uncached(size)

@@ -110,7 +110,8 @@ class HookCall:
         m = self.rows
         if not 1 <= m <= MAX_TOKENS:
             raise ValueError(f"a step of {m} rows: expected 1 to {MAX_TOKENS}")
-        tensors = [("residual", self.residual, torch.bfloat16, (m, STREAMS, H))]
+        tensors: list[tuple[str, torch.Tensor, torch.dtype, tuple[int, ...]]] = [
+            ("residual", self.residual, torch.bfloat16, (m, STREAMS, H))]
         if self.fold:
             tensors += [("x", self.x, torch.bfloat16, (m, H)),
                         ("post_mix", self.post_mix, torch.float32, (m, STREAMS, 1)),
@@ -254,7 +255,7 @@ class MonoRunner:
                     continue
                 dtype = getattr(torch, b.dtype)
                 if self.peer_memory is None:  # kept: the mappings live as long as the runner
-                    self.peer_memory = HostSharedMemory() if self.device.type == "cpu" else self.backend.hip
+                    self.peer_memory = HostSharedMemory() if self.device.type == "cpu" else _hip_of(self.backend)
                 memory = self.peer_memory
                 try:
                     peers, failed = exchange(memory, b.elements * dtype.itemsize, group, self.rank, self.tp)
@@ -381,6 +382,8 @@ class MonoRunner:
         if csa:
             topk = flat_rows(call.topk_indices, m)
             block_table = call.comp_block_table
+            if block_table is None:
+                raise ValueError("comp_block_table: None at a CSA layer; expected vLLM's block table")
             table, bt_stride = flat_rows(block_table, block_table.shape[0]), block_table.stride(0)
             token_req, per_page = call.token_to_req[:m], call.comp_cache.shape[1]
         else:
@@ -397,12 +400,12 @@ class MonoRunner:
             "swa_cache": pages(call.swa_cache), "comp_cache": pages(call.comp_cache),
             "weights": self.weights_table(call.w), "state": self.state_tables[outputs],
             **self.buffers[build],
-            "route_ids": call.route_ids[:m].reshape(-1) if hashed else unread,
+            "route_ids": call.route_ids[:m].reshape(-1) if call.route_ids is not None else unread,
             "m": m, "rank": self.rank,
             "swa_page_stride": call.swa_cache.stride(0), "swa_block": call.swa_cache.shape[1],
             "comp_page_stride": call.comp_cache.stride(0), "comp_block": call.comp_cache.shape[1],
             "bt_stride": bt_stride, "per_page": per_page, "use_hash": int(hashed),
-            "peer_wait_us": round(self.settings.peer_wait * 1e6),  # type: ignore[operator]
+            "peer_wait_us": round(self.settings.peer_wait * 1e6),
         }
 
 
@@ -427,3 +430,11 @@ def pages(cache: torch.Tensor) -> torch.Tensor:
     (page p at p x page stride: its block's data rows, then their scale bytes)."""
     count, block, _ = cache.shape
     return torch.as_strided(cache, ((count - 1) * cache.stride(0) + block * RECORD,), (1,))
+
+
+def _hip_of(backend: Backend) -> Any:
+    """The HIP handle of a backend that launches on a GPU (its IPC maps the peers' buffers)."""
+    hip = getattr(backend, "hip", None)
+    if hip is None:
+        raise ValueError(f"the {backend.name} backend has no HIP to map peer memory with")
+    return hip

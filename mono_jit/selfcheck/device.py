@@ -10,6 +10,7 @@ from typing import Any, Mapping
 import torch
 
 from ..runtime.backends import HipBackend, Kernel
+from ..runtime.kernargs import LaunchMeta
 from ..spec import Spec
 from ..templates import Template
 
@@ -25,7 +26,7 @@ class DeviceBackend:
         self.hip = hip or HipBackend()
         self.last_report: Any = None  # the device counts no instructions (the emulator's report)
 
-    def load(self, template: Template, spec: Spec, meta: Mapping[str, Any], hsaco: bytes | None) -> Kernel:
+    def load(self, template: Template, spec: Spec, meta: LaunchMeta | None, hsaco: bytes | None) -> Kernel:
         return self.hip.load(template, spec, meta, hsaco)
 
     def launch(self, kernel: Kernel, values: Mapping[str, Any], stream: int) -> None:

@@ -62,8 +62,8 @@ def load_every_kernel(hip: Any, settings: Settings) -> dict:
         if not isinstance(entry, Entry):
             bad.append(str(entry[0]))
             continue
-        for launch in entry.meta["launches"]:
-            hip.load(entry.hsaco, launch["kernel"])
+        for launch in entry.meta.launches:
+            hip.load(entry.hsaco, launch.kernel)
             loaded += 1
     if bad:
         raise MonoJitError(f"{len(bad)} cache entries failed verification: {', '.join(bad[:3])}")

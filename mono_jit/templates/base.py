@@ -133,8 +133,9 @@ class Template(ABC):
         for a top-level module, the folder holding it). ValueError when there is none."""
         top = cls.__module__.partition(".")[0]
         module = sys.modules[top]
-        if getattr(module, "__file__", None):
-            return Path(module.__file__).resolve().parent
+        file = getattr(module, "__file__", None)
+        if file:
+            return Path(file).resolve().parent
         folders = list(getattr(module, "__path__", ()))
         if len(folders) != 1:
             raise ValueError(f"the top-level package {top!r} is a namespace package over {len(folders)} folders: "

@@ -4,7 +4,11 @@ At registration (`checked_template`): the class's name, Spec fields, source file
 module, so a typo fails with the plug-in's name instead of keying builds wrongly (a dropped
 spec field gave the runtime another bucket's kernel). Before compiling (`launch_shape`,
 `arguments`): the template's answers for one spec are plain constants of the right types.
-After compiling (`match_kernargs`): the declared arguments are the compiled kernel's kernargs.
+When the launcher is built (`match_build`): its parameters are the declared arguments by name,
+in order, each of its kind, and its compile placeholders have each argument's kind and dtype. After compiling (`match_kernargs`): the declared arguments are
+the compiled kernel's kernargs by kind and size (FlyDSL 0.5's code objects give no argument
+names, ``.args[].name`` is absent, so names are checked on the launcher, which the kernarg
+layout follows parameter by parameter).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any
 from ..errors import TemplateError
 from ..resources import LDS_PER_CU, Budget
 from ..spec import SPEC_FIELDS, Spec
-from .base import Argument, LaunchShape, Template
+from .base import Argument, Build, LaunchShape, Template
 
 # A template name is a word of the CLI's comma lists and of file names.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -70,7 +74,7 @@ def _check_spec_fields(cls: type, where: str) -> None:
                                 f"(expected some of {', '.join(SPEC_FIELDS)})")
 
 
-def _check_source_files(cls: type, where: str) -> None:
+def _check_source_files(cls: type[Template], where: str) -> None:
     files = _strings(cls, "source_files", where)
     if not files:
         raise TemplateError(f"{where}: source_files is empty: list every file a build reads, so an edit is a new key")
@@ -87,7 +91,7 @@ def _check_source_files(cls: type, where: str) -> None:
                                 "to the folder of the class's top-level package)")
 
 
-def _check_kernel_module(cls: type, where: str) -> None:
+def _check_kernel_module(cls: type[Template], where: str) -> None:
     module = getattr(cls, "kernel_module", None)
     if not isinstance(module, str) or not module.strip("."):
         raise TemplateError(f"{where}: kernel_module={module!r}: expected a module name, e.g. '.kernel'")
@@ -152,15 +156,85 @@ def arguments(template: Template, spec: Spec, label: str) -> tuple[Argument, ...
     return declared
 
 
+# FlyDSL parameter annotations (their class names) -> the argument kind they lower to.
+_PARAMETER_KINDS = {"Tensor": "tensor", "Int32": "i32", "Int64": "i64"}
+
+
+def _spelling(name: str) -> str:
+    """A name without case or underscores: a launcher's ``HashIds`` and an argument's ``hash_ids``."""
+    return name.replace("_", "").lower()
+
+
+def launcher_parameters(launcher: Any) -> list[tuple[str, str]]:
+    """(name, kind) of a FlyDSL launcher's parameters before its trailing stream (a kind is
+    'tensor', 'i32', 'i64', or the annotation's text when it is none of those)."""
+    import inspect
+
+    function = getattr(launcher, "func", launcher)  # flyc.jit wraps the Python function
+    found = []
+    for parameter in inspect.signature(function).parameters.values():
+        if parameter.name == "stream":
+            break
+        annotation = parameter.annotation
+        text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", repr(annotation))
+        found.append((parameter.name, _PARAMETER_KINDS.get(text.rsplit(".", 1)[-1], text)))
+    return found
+
+
+def match_parameters(label: str, declared: tuple[Argument, ...], parameters: list[tuple[str, str]]) -> None:
+    """Raise unless the launcher's (name, kind) parameters are `declared`, in order, by name
+    (ignoring case and underscores) and kind: two arguments of one kind swapped in either place
+    pack each other's values, which kinds and sizes alone cannot show."""
+    if len(parameters) != len(declared):
+        raise TemplateError(f"{label}: the launcher has {len(parameters)} parameters before its stream, "
+                            f"arguments() declares {len(declared)}")
+    for position, ((name, kind), argument) in enumerate(zip(parameters, declared)):
+        if _spelling(name) != _spelling(argument.name) or kind != argument.kind:
+            raise TemplateError(f"{label}: launcher parameter {position} is {name} ({kind}), arguments() declares "
+                                f"{argument.name} ({argument.kind}) there: declare the arguments in the "
+                                "launcher's order, named as its parameters")
+
+
+def match_placeholders(label: str, declared: tuple[Argument, ...], placeholders: tuple) -> None:
+    """Raise unless the compile placeholders are `declared`'s, in order: a tensor of the argument's
+    dtype for a tensor, a Python int for a scalar (what the kernel is traced with)."""
+    if len(placeholders) != len(declared):
+        raise TemplateError(f"{label}: the build has {len(placeholders)} placeholders, arguments() declares "
+                            f"{len(declared)}")
+    for argument, placeholder in zip(declared, placeholders):
+        if argument.kind == "tensor":
+            got = str(getattr(placeholder, "dtype", type(placeholder).__name__)).removeprefix("torch.")
+            if got != argument.dtype:
+                raise TemplateError(f"{label}: the placeholder of {argument.name} is {got}, arguments() declares "
+                                    f"a {argument.dtype} tensor")
+        elif type(placeholder) is not int:
+            raise TemplateError(f"{label}: the placeholder of {argument.name} is a {type(placeholder).__name__}, "
+                                f"arguments() declares an {argument.kind} (a Python int)")
+
+
+def match_build(label: str, declared: tuple[Argument, ...], build: Build) -> None:
+    """A freshly built launcher and its placeholders against the declared arguments. A launcher
+    whose arguments are all scalars takes one leading tensor that no kernel reads (FlyDSL compiles
+    without launching only when some placeholder is a CPU tensor): it is left out."""
+    parameters, placeholders = launcher_parameters(build.launcher), tuple(build.placeholders)
+    scalars_only = bool(declared) and all(argument.kind != "tensor" for argument in declared)
+    if scalars_only and len(parameters) == len(declared) + 1 and parameters[0][1] == "tensor":
+        parameters, placeholders = parameters[1:], placeholders[1:]
+    match_parameters(label, declared, parameters)
+    match_placeholders(label, declared, placeholders)
+
+
 def match_kernargs(label: str, declared: tuple[Argument, ...], kernel: Any) -> None:
     """Raise unless the compiled `kernel`'s explicit kernargs are exactly `declared`'s (a tensor
     is a pointer and its i32 extent, an i32 one value): what the runtime will pack."""
-    from ..errors import MonoJitError
-    from ..runtime.kernargs import layout
+    from mono_jit.cache.meta import LaunchDims, StoredArgument
 
-    meta = {"template": label, "arguments": [a.as_dict() for a in declared], "kernels": [kernel.as_dict()]}
+    from ..errors import MonoJitError
+    from ..runtime.kernargs import DeclaredMeta, DeclaredTable, layout
+
+    arguments = tuple(StoredArgument.of(a) for a in declared)
     try:
-        layout(meta)
+        layout(DeclaredMeta(label, arguments, (DeclaredTable(kernel.args),), LaunchDims((1, 1, 1), (1, 1, 1), 0)))
     except MonoJitError as exc:
         names = ", ".join(f"{a.name}:{a.kind}" for a in declared)
         raise TemplateError(f"{exc} (kernel {kernel.name}; arguments() declares {names}; the launcher's "

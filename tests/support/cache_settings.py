@@ -22,7 +22,7 @@ def settings_at(root: Path, **extra: str) -> Settings:
 
 
 def cached_builds(root: Path, key) -> dict:
-    """{key(meta["spec"]): (meta, hsaco, ISA listing)} of every entry in the cache at `root`
+    """{key(meta.spec): (meta, hsaco, ISA listing)} of every entry in the cache at `root`
     (a session fixture's real gfx950 compiles, for the templates' static gates)."""
     from mono_jit.cache.store import Store
     from mono_jit.isa import disassemble, find_objdump
@@ -31,5 +31,5 @@ def cached_builds(root: Path, key) -> dict:
     builds = {}
     for entry in Store(settings_at(root)).entries():
         assert not isinstance(entry, tuple), entry
-        builds[key(entry.meta["spec"])] = (entry.meta, entry.hsaco, disassemble(entry.hsaco, objdump))
+        builds[key(entry.meta.spec)] = (entry.meta, entry.hsaco, disassemble(entry.hsaco, objdump))
     return builds

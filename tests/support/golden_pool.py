@@ -39,7 +39,7 @@ def answer_compiles_from(cache: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
                 if item is not None:
                     entry = source.lookup(item[0], "gfx950")
                     assert entry is not None, f"the golden cache has no entry {item[0]} to answer a compile with"
-                    yield Outcome(item[0], "ok", {"hsaco": entry.hsaco, "launches": entry.meta["launches"],
+                    yield Outcome(item[0], "ok", {"hsaco": entry.hsaco, "launches": [launch.to_json() for launch in entry.meta.launches],
                                                   "seconds": 0.0})
 
     monkeypatch.setattr("mono_jit.workers.WorkerPool", GoldenPool)

@@ -5,7 +5,7 @@ tests/test_emulated_k2.py uses it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Callable, Iterable, Sequence
 
@@ -17,7 +17,8 @@ import layer_math
 from mono_jit.config import Settings
 from mono_jit.emulator import CodeObject, Launch, LaunchReport, Machine
 from mono_jit.hsaco import inspect_code_object
-from mono_jit.runtime.kernargs import pack
+from mono_jit.runtime.backends import declared_meta
+from mono_jit.runtime.kernargs import DeclaredMeta, DeclaredTable, pack
 from mono_jit.spec import Spec
 from mono_jit.templates import get
 from mono_jit.templates.k2 import moe_reference as moe
@@ -32,7 +33,7 @@ class K2Code:
     """One K2 code object (all stages or a subset) with the metadata kernargs.pack reads."""
 
     code: CodeObject
-    meta: dict
+    meta: DeclaredMeta
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     dynamic_lds: int
@@ -40,8 +41,8 @@ class K2Code:
     @classmethod
     def of(cls, spec: Spec, hsaco: bytes, launches: list[dict]) -> "K2Code":
         template = get("k2")
-        meta = {"template": "k2", "kernels": [k.as_dict() for k in inspect_code_object(hsaco, spec.arch)],
-                "arguments": [a.as_dict() for a in template.arguments(spec)]}
+        declared = declared_meta(template, spec)
+        meta = replace(declared, kernels=tuple(DeclaredTable(k.args) for k in inspect_code_object(hsaco, spec.arch)))
         (launch,) = launches
         return cls(CodeObject(hsaco, launch["kernel"]), meta, tuple(launch["grid"]), tuple(launch["block"]),
                    launch["dynamic_lds"] or 0)

@@ -58,10 +58,10 @@ def entries(tmp_path_factory):
 def test_upstream_k1_builds_to_the_hardware_proven_bytes(entries):
     assert sorted(entries) == sorted(SPECS)
     for bucket, entry in entries.items():
-        assert [k["name"] for k in entry.meta["kernels"]] == [kernel_symbol("k1", SPECS[bucket])]
+        assert [k.name for k in entry.meta.kernels] == [kernel_symbol("k1", SPECS[bucket])]
         want = DIGESTS["k1"].get(SPECS[bucket])
         if want is not None:
-            assert (entry.meta["hsaco"]["sha256"][:16], entry.meta["hsaco"]["size"]) == want
+            assert (entry.meta.hsaco.sha256[:16], entry.meta.hsaco.size) == want
     assert {SPECS[1], SPECS[64]} <= set(DIGESTS["k1"])
 
 

@@ -66,9 +66,9 @@ def test_upstream_k2_builds_to_the_hardware_proven_bytes(entries):
     k2 = {spec: entry for (kernel, spec), entry in entries.items() if kernel == "k2"}
     assert sorted(k2, key=SPECS.index) == list(SPECS)
     for spec, entry in k2.items():
-        assert [k["name"] for k in entry.meta["kernels"]] == [kernel_symbol("k2", spec)]
-        assert (entry.meta["hsaco"]["sha256"][:16], entry.meta["hsaco"]["size"]) == DIGESTS["k2"][spec], spec
-    k1 = entries["k1", EMULATED].meta["hsaco"]
+        assert [k.name for k in entry.meta.kernels] == [kernel_symbol("k2", spec)]
+        assert (entry.meta.hsaco.sha256[:16], entry.meta.hsaco.size) == DIGESTS["k2"][spec], spec
+    k1 = entries["k1", EMULATED].meta.hsaco
     assert (k1["sha256"][:16], k1["size"]) == DIGESTS["k1"][EMULATED]
 
 

@@ -98,7 +98,7 @@ def launch(template: Any, entry: Any, buffers: K1Buffers) -> Any:
             value = value.data_ptr()
         values[name] = value
     backend = EmulatorBackend(machine)
-    spec = Spec.from_dict(entry.meta["build_spec"])
+    spec = Spec.from_dict(entry.meta.build_spec)
     backend.launch(backend.load(template, spec, entry.meta, entry.hsaco), values, 0)
     return backend.last_report
 

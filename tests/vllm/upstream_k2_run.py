@@ -21,6 +21,7 @@ import torch
 from upstream_k1_run import SENTINEL, TP, K1Buffers, k1_buffers
 from upstream_mono import upstream_parameters, vllm_mono_dir
 
+from mono_jit.cache.meta import EntryMeta
 from mono_jit.emulator import CodeObject, Launch, LaunchReport, Machine
 from mono_jit.runtime.kernargs import pack
 
@@ -83,10 +84,10 @@ def rank_buffers(ckpt: lm.CheckpointLayer, step: lm.LayerStep) -> list[RankBuffe
     return ranks
 
 
-def _launch(code: CodeObject, meta: dict, values: dict[str, Any], device: int) -> Launch:
+def _launch(code: CodeObject, meta: EntryMeta, values: dict[str, Any], device: int) -> Launch:
     args = {n: (t.data_ptr() if isinstance(t, torch.Tensor) else t) for n, t in values.items()
             if n != "peer_buffer"}
-    return Launch(code, tuple(meta["launch"]["grid"]), tuple(meta["launch"]["block"]), pack(meta, args), 0, device)
+    return Launch(code, meta.launch.grid, meta.launch.block, pack(meta, args), 0, device)
 
 
 def run_layer(k1_entry: Any, k2_entry: Any, ranks: list[RankBuffers]) -> tuple[LaunchReport, LaunchReport]:

@@ -243,7 +243,7 @@ def prebuilt(builds: dict[str, Iterable[Spec]], folder: Path, cache: Path, helpe
             assert not summary.failed, summary.failed
         kernel_of = {template_name(k): k for k in KERNELS}
         try:
-            yield {(kernel_of[e.meta["template"]], Spec.from_dict(e.meta["spec"])): e for e in Store(settings).entries()}
+            yield {(kernel_of[e.meta.template], Spec.from_dict(e.meta.spec)): e for e in Store(settings).entries()}
         finally:
             for module in [m for m in sys.modules if m.startswith("mono_jit_upstream_")]:
                 sys.modules.pop(module)

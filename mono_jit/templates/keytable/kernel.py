@@ -79,12 +79,12 @@ def build(spec: Spec) -> Build:
                 store_scalar(flat_view(Lens), row, count, fx.Int32)
 
     @flyc.jit
-    def launch_keytable(SwaIdx: fx.Tensor, SwaLens: fx.Tensor, TokReq: fx.Tensor, TopK: fx.Tensor,
+    def launch_keytable(SwaIndices: fx.Tensor, SwaLens: fx.Tensor, TokenReq: fx.Tensor, TopK: fx.Tensor,
                         BlockTable: fx.Tensor, Slots: fx.Tensor, Lens: fx.Tensor,
-                        m: fx.Int32, bt_stride: fx.Int32, per_page: fx.Int32,
+                        m: fx.Int32, block_table_stride: fx.Int32, entries_per_page: fx.Int32,
                         stream: fx.Stream = fx.Stream(None)):
-        keytable_kernel(SwaIdx, SwaLens, TokReq, TopK, BlockTable, Slots, Lens, m, bt_stride, per_page).launch(
-            grid=(rows, 1, 1), block=(WAVE, 1, 1), stream=stream)
+        keytable_kernel(SwaIndices, SwaLens, TokenReq, TopK, BlockTable, Slots, Lens, m, block_table_stride,
+                        entries_per_page).launch(grid=(rows, 1, 1), block=(WAVE, 1, 1), stream=stream)
 
     def empty(n: int) -> torch.Tensor:
         return torch.empty(n, dtype=torch.int32)

@@ -16,7 +16,8 @@ from typing import Any
 from mono_jit.config import Settings
 from mono_jit.emulator import CodeObject, LaunchReport, Machine
 from mono_jit.hsaco import inspect_code_object
-from mono_jit.runtime.kernargs import pack
+from mono_jit.cache.meta import LaunchDims, StoredArgument
+from mono_jit.runtime.kernargs import DeclaredMeta, DeclaredTable, pack
 from mono_jit.toolchain import compile_environment, resolve_toolchain
 from mono_jit.workers import WorkerPool
 
@@ -32,7 +33,7 @@ class Compiled:
     hsaco: bytes
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
-    meta: dict[str, Any]
+    meta: DeclaredMeta
 
     def code(self) -> CodeObject:
         return CodeObject(self.hsaco)
@@ -67,7 +68,9 @@ def compile_in_worker(timeout: float = 600) -> dict[str, Compiled]:
     compiled = {}
     for name, result in outcome.value.items():
         (launch,) = result["launches"]
-        kernels = [k.as_dict() for k in inspect_code_object(result["hsaco"], ARCH)]
-        meta = {"template": name, "kernels": kernels, "arguments": result["arguments"]}
-        compiled[name] = Compiled(name, result["hsaco"], tuple(launch["grid"]), tuple(launch["block"]), meta)
+        kernels = tuple(DeclaredTable(k.args) for k in inspect_code_object(result["hsaco"], ARCH))
+        arguments = tuple(StoredArgument.from_json(a) for a in result["arguments"])
+        dims = LaunchDims.from_json(launch)
+        meta = DeclaredMeta(name, arguments, kernels, dims)
+        compiled[name] = Compiled(name, result["hsaco"], dims.grid, dims.block, meta)
     return compiled
