@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
-from mono_jit.hsaco import KernelArg, KernelInfo
+from mono_jit.kernel_info import KernelArg, KernelInfo
 from mono_jit.resources import Residency
 
 from .schema import meta_problem

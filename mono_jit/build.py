@@ -26,7 +26,7 @@ from .spec import Spec
 from .templates import Template, checks
 
 if TYPE_CHECKING:  # workers pulls in multiprocessing, hsaco defines records: both off the cache-hit path
-    from .hsaco import KernelInfo
+    from .kernel_info import KernelInfo
     from .workers import Outcome
 
 

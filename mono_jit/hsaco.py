@@ -8,42 +8,12 @@ symbol, kernarg layout, register counts, LDS, scratch, spills and wave size per 
 from __future__ import annotations
 
 import io
-from dataclasses import asdict, dataclass, field
 
 from .elf_header import check_header
 from .errors import InvalidCodeObject
+from .kernel_info import KernelArg, KernelInfo
 
 NT_AMDGPU_METADATA = 32
-
-
-@dataclass(frozen=True)
-class KernelArg:
-    offset: int
-    size: int
-    value_kind: str
-
-
-@dataclass(frozen=True)
-class KernelInfo:
-    """One kernel's resource use and launch ABI, as the code object states it."""
-
-    name: str
-    symbol: str
-    args: tuple[KernelArg, ...]
-    kernarg_size: int
-    vgpr: int
-    agpr: int
-    sgpr: int
-    lds: int
-    scratch: int
-    vgpr_spills: int
-    sgpr_spills: int
-    wavefront_size: int
-    max_workgroup_size: int
-    reqd_workgroup_size: tuple[int, ...] = field(default=())
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def _kernel_info(raw: dict) -> KernelInfo:

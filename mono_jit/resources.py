@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from .errors import ResourceError
 
 if TYPE_CHECKING:  # a cache hit imports this module (Budget) but never the code object records
-    from .hsaco import KernelInfo
+    from .kernel_info import KernelInfo
 
 MI355X_CUS = 256
 SIMDS_PER_CU = 4

@@ -16,7 +16,8 @@ from mono_jit.resolution import resolve, resolve_many
 
 # Modules a warm load must not import: FlyDSL and its MLIR, torch, and the compile side
 # (mono_jit.build stays: it plans keys; finishing a build is only called on a miss), the code object
-# records (a load checks the ELF header only: mono_jit.elf_header) and glob.
+# object reader (a load checks the ELF header only, mono_jit.elf_header, and parses the stored records of
+# mono_jit.kernel_info) and glob.
 ABSENT_PREFIXES = ("flydsl", "_mlir", "mlir", "torch", "mono_jit.compiler", "mono_jit.workers",
                    "mono_jit.prebuild", "mono_jit.miss", "mono_jit.cache.lock", "filelock", "multiprocessing",
                    "elftools", "msgpack", "subprocess", "hashlib", "logging", "shutil", "uuid", "mono_jit.hsaco",

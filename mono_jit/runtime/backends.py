@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 from mono_jit.cache.meta import EntryMeta, LaunchDims, StoredArgument
 
-from ..hsaco import KernelArg
+from ..kernel_info import KernelArg
 from ..spec import Spec
 from ..templates import Template
 from .kernargs import DeclaredMeta, DeclaredTable, KernargError, LaunchMeta, layout, pack

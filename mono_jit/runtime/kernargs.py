@@ -27,7 +27,7 @@ from typing import Any, Mapping, Protocol, Sequence
 from mono_jit.cache.meta import LaunchDims, StoredArgument
 
 from ..errors import MonoJitError
-from ..hsaco import KernelArg
+from ..kernel_info import KernelArg
 
 POINTER = ("global_buffer", 8)
 EXTENT = ("by_value", 4)

@@ -27,7 +27,7 @@ from ..spec import Spec
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # mono_jit/: the built-ins' source root
 # What every built-in template's build imports from mono_jit besides its own package (checked
 # against the real imports by tests/test_source_digest.py).
-COMMON_SOURCES = ("elf_header.py", "errors.py", "hsaco.py", "model.py", "resources.py", "spec.py",
+COMMON_SOURCES = ("errors.py", "kernel_info.py", "model.py", "resources.py", "spec.py",
                   "templates/_dsl.py", "templates/base.py")
 
 

@@ -1,0 +1,39 @@
+"""What a code object states of each kernel: its kernarg layout and resource use.
+
+Plain records, apart from the reader that makes them (hsaco.py), so that a cache hit can parse a
+stored entry's metadata without the code-object reader.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class KernelArg:
+    offset: int
+    size: int
+    value_kind: str
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """One kernel's resource use and launch ABI, as the code object states it."""
+
+    name: str
+    symbol: str
+    args: tuple[KernelArg, ...]
+    kernarg_size: int
+    vgpr: int
+    agpr: int
+    sgpr: int
+    lds: int
+    scratch: int
+    vgpr_spills: int
+    sgpr_spills: int
+    wavefront_size: int
+    max_workgroup_size: int
+    reqd_workgroup_size: tuple[int, ...] = field(default=())
+
+    def as_dict(self) -> dict:
+        return asdict(self)
