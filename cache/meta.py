@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
+from mono_jit.errors import MonoJitError
 from mono_jit.kernel_info import KernelArg, KernelInfo
 from mono_jit.resources import Residency
 
@@ -20,7 +21,7 @@ from .schema import meta_problem
 META_SCHEMA = 1  # meta.json's "schema": a reader refuses any other
 
 
-class MetaError(ValueError):
+class MetaError(MonoJitError, ValueError):
     """A parsed meta.json that does not fit the entry format; the message names the field."""
 
 

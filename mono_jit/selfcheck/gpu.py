@@ -4,7 +4,7 @@ Checks. Without a HIP runtime the first check fails saying so, and nothing else 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..cache import Entry, Store
 from ..config import Settings
@@ -12,11 +12,15 @@ from ..errors import MonoJitError
 from ..health import Checks
 from ..spec import Spec
 
+if TYPE_CHECKING:
+    from ..runtime.hip import Hip
+
 
 def check_gpu(settings: Settings, templates: tuple[str, ...] | None, specs: list[Spec], device: int,
               launch: bool) -> Checks:
     """The rows hip, device, kernels and (with `launch`, when the others passed) launch checks."""
-    checks, runtimes = Checks(), []
+    checks = Checks()
+    runtimes: list[Hip] = []
     checks.run("hip", lambda: hip_runtime(runtimes))
     if not runtimes:
         return checks
