@@ -21,6 +21,8 @@ from mono_jit.resources import LDS_PER_CU
 from mono_jit.spec import STANDARD_MAX_TOKENS, Spec
 from mono_jit.templates import get
 from mono_jit.templates.k1.layout import PIN_LDS_BYTES, STATIC_LDS_BYTES, K1Layout
+from mono_jit.toolchain import compile_environment, resolve_toolchain
+from mono_jit.workers import WorkerPool
 
 BUCKETS = STANDARD_MAX_TOKENS
 K_STEPS = 4 + 3  # MFMAs per wave and row tile: S3 3 + 1 predicated (28 steps / 8 waves), S5 3
@@ -93,6 +95,24 @@ def test_k1_builds_for_another_tp_and_an_odd_bucket(tmp_path):
     assert kernel.scratch == 0 and kernel.vgpr_spills == 0 and kernel.sgpr_spills == 0
     assert "[M, 8, 512]" in next(a["doc"] for a in entry.meta["arguments"] if a["name"] == "q_out")
     assert K1Layout(16, 3).s5_tasks == 128
+
+
+@pytest.mark.slow
+def test_the_kernel_waits_where_its_schedule_says():
+    """The kernel's stage loops are generated from the schedule table the protocol model runs:
+    S3 + S4 built from K1's table poll S3's flags in S4; built from a table where S4 waits on
+    nothing they do not (and tests/test_k1_protocol.py fails that table)."""
+    from k1_stages import compile_k1_without_wait
+
+    spec = Spec(8, 4, 1024, 4)
+    env = compile_environment(resolve_toolchain(Settings()), spec.arch)
+    with WorkerPool(2, env, compile_k1_without_wait, timeout=600) as pool:
+        jobs = {"table": None, "S4 waitless": 4}
+        outcomes = {o.job_id: o for o in pool.run((name, (spec.as_dict(), (3, 4), w)) for name, w in jobs.items())}
+    assert all(o.status == "ok" for o in outcomes.values()), [(o.job_id, o.value) for o in outcomes.values()]
+    objdump = find_objdump(Settings())
+    polls = {w: instruction_counts(disassemble(o.value, objdump))["s_sleep"] for w, o in outcomes.items()}
+    assert polls["table"] >= 1 and polls["S4 waitless"] == 0, polls
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,18 @@ def compile_stages(template: str, spec_data: dict, stages: tuple[int, ...]) -> t
     return compile_build(build(Spec.from_dict(spec_data), frozenset(stages)))
 
 
+def compile_k1_without_wait(spec_data: dict, stages: tuple[int, ...], waitless: int | None) -> bytes:
+    """HSACO of K1 holding `stages`, built from its schedule with stage `waitless` (if any) made to
+    wait on nothing: a wrong table, to see that the kernel's waits are the table's."""
+    from dataclasses import replace
+
+    from mono_jit.compiler import compile_build
+    from mono_jit.templates.k1.kernel import SCHEDULE, build
+
+    schedule = tuple(replace(s, waits_on=None) if s.number == waitless else s for s in SCHEDULE)
+    return compile_build(build(Spec.from_dict(spec_data), frozenset(stages), schedule))[0]
+
+
 def compile_each_stage(spec: Spec, template: str = "k1", jobs: int = 2) -> dict[int, tuple[bytes, list[dict]]]:
     env = compile_environment(resolve_toolchain(Settings()), spec.arch)
     with WorkerPool(jobs, env, compile_stages, timeout=600) as pool:

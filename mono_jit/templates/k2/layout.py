@@ -269,7 +269,7 @@ class K2Layout:
         return task // WOA_PARTS, task % WOA_PARTS
 
     def s7_task(self, task):
-        """(row group of 16, column chunk of 128), K1's S1 numbering (K1Layout.s2_awaits)."""
+        """(row group of 16, column chunk of 128), K1's S1 numbering (its S2's awaits)."""
         return task // SEAM_CHUNKS, task % SEAM_CHUNKS
 
     def wob_owner(self, tile: int) -> int:
@@ -340,8 +340,8 @@ class K2Layout:
 
     def s8_awaits(self, row):
         """K1's S2 wait (all column chunks of the row's group) on K2's S7 flags."""
-        first, count = self.seam.s2_awaits(row)
-        return first - self.seam.f1 + self.f_seam, count
+        first, count = self.seam.awaits(2, row, None)
+        return first - self.seam.flag_base(1) + self.f_seam, count
 
     # -- peer hand-offs: units of pairs a task writes, in the half of the launch's parity -----
     # A unit is what one task pushes to one rank: PART / RS unit src x 448 + tile (a wo_b tile's
