@@ -55,7 +55,7 @@ def test_merge_and_output_tables_cover_once(lay):
 
 @pytest.mark.parametrize("lay", LAYOUTS, ids=_id)
 def test_woa_half_waits_on_exactly_its_heads_merges(lay):
-    """s4_awaits' contiguous range is the merges of the K half's 4 heads, rows below m."""
+    """S4's awaited contiguous range is the merges of the K half's 4 heads, rows below m."""
     for m in {1, lay.rows}:
         for task in range(0, lay.s4_tasks, 7):
             tile, half = lay.s4_task(task)
@@ -63,7 +63,7 @@ def test_woa_half_waits_on_exactly_its_heads_merges(lay):
             heads = lay.heads // lay.groups
             want = {(r, h) for r in range(m) for h in range(group * heads + half * heads // 2,
                                                              group * heads + (half + 1) * heads // 2)}
-            first, count = lay.s4_awaits(task, m)
+            first, count = lay.awaits(4, task, m)
             got = {lay.s3_task(f - lay.f_merge) for f in range(first, first + count)}
             assert got == want
 

@@ -41,7 +41,10 @@ class Stage:
       flag; plain arithmetic, so the kernel traces it on DSL values and the model runs it on ints;
     - `row_of(lay, task)`: the token row of a task that is skipped (no wait, no work) when the
       row is at or past m, or None when every task runs;
-    - `publishes`: a flag per task after its work (else the task ends with a CTA barrier);
+    - `publishes`: a flag per task after its work;
+    - `peer_awaits(lay, task, rank)`: (region, first unit, count)s of its own peer buffer a live
+      task polls before its work; `pushes(lay, task, rank)`: (peer, region, unit)s every task
+      stores into the peers' buffers after it (the cross-rank hand-offs of a TP launch);
     - `reads` / `writes`: the scratch regions it hands over.
     """
 
@@ -52,12 +55,19 @@ class Stage:
     awaits: Callable[[Layout, Any, Any], tuple[Any, Any]] | None = None
     row_of: Callable[[Layout, Any], Any] | None = None
     publishes: bool = True
+    peer_awaits: Callable[[Layout, int, int], list[tuple]] | None = None
+    pushes: Callable[[Layout, int, int], list[tuple]] | None = None
     reads: tuple[str, ...] = ()
     writes: tuple[str, ...] = ()
 
     def waits_in(self, stages: frozenset[int]) -> bool:
         """Whether this stage waits in a build holding `stages` (its producer is among them)."""
         return self.waits_on is not None and self.waits_on in stages
+
+
+def peer_stages(schedule: tuple[Stage, ...]) -> frozenset[int]:
+    """The stages that push to or poll the peer buffers."""
+    return frozenset(s.number for s in schedule if s.pushes is not None or s.peer_awaits is not None)
 
 
 def stage(schedule: tuple[Stage, ...], number: int) -> Stage:
@@ -77,12 +87,13 @@ def flag_bases(schedule: tuple[Stage, ...], lay: Layout) -> dict[int, int]:
     return bases
 
 
-def region_offsets(regions: tuple[Region, ...], lay: Layout) -> dict[str, int]:
-    """Each region's first word, packed in table order; under "end" the buffer's size."""
+def region_offsets(regions: tuple[Region, ...], lay: Layout, align: int = 1) -> dict[str, int]:
+    """Each region's first word, packed in table order, each region's end rounded up to `align`;
+    under "end" the buffer's size."""
     offsets, at = {}, 0
     for region in regions:
         offsets[region.name] = at
-        at += region.size(lay)
+        at = -(-(at + region.size(lay)) // align) * align
     offsets["end"] = at
     return offsets
 
@@ -93,16 +104,21 @@ def awaited_flags(lay: Layout, s: Stage, task, m):
     return lay.flag_base(s.waits_on) + first, count
 
 
-def program(schedule: tuple[Stage, ...], lay: Layout, cta: int, ctas: int, m: int) -> list[tuple]:
-    """CTA `cta`'s steps in one launch with m rows, in the kernel's order: ("wait", first word,
-    count), ("run", stage, task) where the task does its work, ("publish", flag word, 1)."""
+def program(schedule: tuple[Stage, ...], lay: Layout, cta: int, ctas: int, m: int, rank: int = 0) -> list[tuple]:
+    """CTA `cta`'s steps in one launch with m rows on `rank`, in the kernel's order: ("wait",
+    first word, count), ("await_peers", region, first unit, count), ("run", stage, task) where
+    the task does its work, ("push", peer, region, unit), ("publish", flag word, 1)."""
     steps: list[tuple] = []
     for s in schedule:
         for task in range(cta, s.tasks(lay), ctas):
             if s.row_of is None or s.row_of(lay, task) < m:
                 if s.waits_on is not None:
                     steps.append(("wait", *awaited_flags(lay, s, task, m)))
+                if s.peer_awaits is not None:
+                    steps += [("await_peers", *a) for a in s.peer_awaits(lay, task, rank)]
                 steps.append(("run", s.number, task))
+            if s.pushes is not None:
+                steps += [("push", *p) for p in s.pushes(lay, task, rank)]
             if s.publishes:
                 steps.append(("publish", lay.flag_base(s.number) + task, 1))
     return steps
