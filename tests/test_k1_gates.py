@@ -21,8 +21,6 @@ from mono_jit.resources import LDS_PER_CU
 from mono_jit.spec import STANDARD_MAX_TOKENS, Spec
 from mono_jit.templates import get
 from mono_jit.templates.k1.layout import PIN_LDS_BYTES, STATIC_LDS_BYTES, K1Layout
-from mono_jit.toolchain import compile_environment, resolve_toolchain
-from mono_jit.workers import WorkerPool
 
 BUCKETS = STANDARD_MAX_TOKENS
 K_STEPS = 4 + 3  # MFMAs per wave and row tile: S3 3 + 1 predicated (28 steps / 8 waves), S5 3
@@ -102,17 +100,10 @@ def test_the_kernel_waits_where_its_schedule_says():
     """The kernel's stage loops are generated from the schedule table the protocol model runs:
     S3 + S4 built from K1's table poll S3's flags in S4; built from a table where S4 waits on
     nothing they do not (and tests/test_k1_protocol.py fails that table)."""
-    from k1_stages import compile_k1_without_wait
+    from k1_stages import polls_with_and_without_a_wait
 
-    spec = Spec(8, 4, 1024, 4)
-    env = compile_environment(resolve_toolchain(Settings()), spec.arch)
-    with WorkerPool(2, env, compile_k1_without_wait, timeout=600) as pool:
-        jobs = {"table": None, "S4 waitless": 4}
-        outcomes = {o.job_id: o for o in pool.run((name, (spec.as_dict(), (3, 4), w)) for name, w in jobs.items())}
-    assert all(o.status == "ok" for o in outcomes.values()), [(o.job_id, o.value) for o in outcomes.values()]
-    objdump = find_objdump(Settings())
-    polls = {w: instruction_counts(disassemble(o.value, objdump))["s_sleep"] for w, o in outcomes.items()}
-    assert polls["table"] >= 1 and polls["S4 waitless"] == 0, polls
+    polls = polls_with_and_without_a_wait(Spec(8, 4, 1024, 4), "k1", (3, 4), waitless=4)
+    assert polls["table"] >= 1 and polls["waitless"] == 0, polls
 
 
 @pytest.fixture(scope="module")

@@ -46,6 +46,7 @@ runs on MI355X GPUs.
 
 
 import operator
+from dataclasses import replace
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
@@ -807,8 +808,10 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
     return k2_kernel
 
 
-def build(spec: Spec, stages: frozenset[int] = ALL_STAGES) -> Build:
-    lay = K2MoeLayout.of(spec)
+def build(spec: Spec, stages: frozenset[int] = ALL_STAGES, schedule: tuple[sched.Stage, ...] = SCHEDULE) -> Build:
+    """K2 holding `stages`, part one run as `schedule` says (SCHEDULE; the tests pass a wrong one
+    to see the kernel follow it)."""
+    lay = replace(K2MoeLayout.of(spec), schedule=schedule)
     kernel = make_kernel(lay, frozenset(stages))
 
     @flyc.jit
