@@ -19,7 +19,8 @@ from dataclasses import replace
 import pytest
 
 from mono_jit.templates.k1 import addressing as ad
-from mono_jit.templates.k1.layout import CTAS, SCHEDULE, K1Layout
+from mono_jit.templates.k1.layout import BYTE_REGIONS, CTAS, F32_REGIONS, SCHEDULE, K1Layout
+from mono_jit.templates.schedule import hand_off_errors
 from mono_jit.templates.sync_area import ARRIVE_WORD, EPOCH_WORD, EXIT_WORD
 
 
@@ -217,3 +218,11 @@ def test_a_table_with_a_wait_missing_or_short_is_caught(wrong):
     """The model fails a table whose kernel would read data before it is written."""
     lay = replace(K1Layout(8, 16), schedule=WRONG_TABLES[wrong])
     assert _runs_early(lay, 13), f"{wrong}: the model did not see a task run before its inputs"
+
+
+def test_each_stage_reads_only_scratch_its_producer_wrote():
+    """The table's regions agree with its waits; a table that drops S4's wait does not."""
+    regions = F32_REGIONS + BYTE_REGIONS
+    assert hand_off_errors(SCHEDULE, regions) == []
+    assert hand_off_errors(WRONG_TABLES["S5 waits on nothing"], regions) == [
+        "S5 reads qr_codes but waits on None, not its writer 4", "S5 reads qr_scales but waits on None, not its writer 4"]

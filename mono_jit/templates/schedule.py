@@ -9,7 +9,9 @@ on a model of the grid) and, in the kernel module, the stage loops themselves, s
 tests check is what the GPU runs.
 
 A stage-subset build (a standalone launch of some stages, for testing a stage alone) keeps a
-stage's wait only when the producer is in the subset (`waits_in`).
+stage's wait only when the producer is in the subset (`waits_in`). `hand_off_errors` checks
+the table's scratch regions against its waits: a stage reads only what the stage it waits on
+wrote.
 """
 
 from __future__ import annotations
@@ -68,6 +70,19 @@ class Stage:
 def peer_stages(schedule: tuple[Stage, ...]) -> frozenset[int]:
     """The stages that push to or poll the peer buffers."""
     return frozenset(s.number for s in schedule if s.pushes is not None or s.peer_awaits is not None)
+
+
+def hand_off_errors(schedule: tuple[Stage, ...], regions: tuple[Region, ...]) -> list[str]:
+    """What is wrong with the table's scratch hand-offs: a name that is no region, a region read
+    by a stage that does not wait on the stage that last wrote it (or that nothing wrote before
+    it), a region nothing writes."""
+    names, writer, errors = {r.name for r in regions}, {}, []
+    for s in schedule:
+        errors += [f"S{s.number}: {n} is no region" for n in (*s.reads, *s.writes) if n not in names]
+        errors += [f"S{s.number} reads {n} but waits on {s.waits_on}, not its writer {writer.get(n)}"
+                   for n in s.reads if writer.get(n) is None or writer[n] != s.waits_on]
+        writer.update({n: s.number for n in s.writes})
+    return errors + [f"{n} is written by no stage" for n in sorted(names - set(writer))]
 
 
 def stage(schedule: tuple[Stage, ...], number: int) -> Stage:
