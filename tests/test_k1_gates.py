@@ -95,6 +95,17 @@ def test_k1_builds_for_another_tp_and_an_odd_bucket(tmp_path):
     assert K1Layout(16, 3).s5_tasks == 128
 
 
+@pytest.mark.slow
+def test_the_kernel_waits_where_its_schedule_says():
+    """The kernel's stage loops are generated from the schedule table the protocol model runs:
+    S3 + S4 built from K1's table poll S3's flags in S4; built from a table where S4 waits on
+    nothing they do not (and tests/test_k1_protocol.py fails that table)."""
+    from k1_stages import polls_with_and_without_a_wait
+
+    polls = polls_with_and_without_a_wait(Spec(8, 4, 1024, 4), "k1", (3, 4), waitless=4)
+    assert polls["table"] >= 1 and polls["waitless"] == 0, polls
+
+
 @pytest.fixture(scope="module")
 def stage_builds():
     from k1_stages import compile_each_stage

@@ -157,6 +157,17 @@ def test_k2_grid_and_the_deployment_stay_under_40_kernels():
     assert len(grid) < 40
 
 
+@pytest.mark.slow
+def test_the_kernel_waits_where_its_schedule_says():
+    """K2's part-one waits come from the schedule table the protocol model runs: S4 + S5 built
+    from K2's table poll wo_a's flags in S5; built from a table where S5 waits on nothing they do
+    not (and tests/test_k2_protocol.py fails such a table)."""
+    from k1_stages import polls_with_and_without_a_wait
+
+    polls = polls_with_and_without_a_wait(Spec(8, 4, 1024, 4), "k2", (4, 5), waitless=5)
+    assert polls["table"] >= 1 and polls["waitless"] == 0, polls
+
+
 @pytest.fixture(scope="module")
 def stage_builds():
     from k1_stages import compile_each_stage

@@ -5,6 +5,7 @@ bucket and both ratios (CSA at 1024, HCA at 8192 and the widest spec)."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -12,7 +13,9 @@ from mono_jit import model
 from mono_jit.spec import STANDARD_MAX_TOKENS, Spec
 from mono_jit.templates.k1.layout import CTAS, SEAM_CHUNK, SEAM_GROUP, THREADS, TILE_N
 from mono_jit.templates.k2.layout import (
-    HEAD_TILE, O_LORA, TWO_HOP_ROWS, WOA_PARTS, WOB_TILES, K2Layout, allreduce_seconds, two_hop_threshold)
+    BYTE_REGIONS, F32_REGIONS, HEAD_TILE, I32_REGIONS, O_LORA, SCHEDULE, TWO_HOP_ROWS, WOA_PARTS, WOB_TILES, K2Layout,
+    allreduce_seconds, two_hop_threshold)
+from mono_jit.templates.schedule import hand_off_errors
 from mono_jit.templates.sync_area import FIRST_FLAG
 
 WIDTHS = [(model.CSA_RATIO, 1024), (model.HCA_RATIO, 8192), (model.HCA_RATIO, 65536)]
@@ -55,7 +58,7 @@ def test_merge_and_output_tables_cover_once(lay):
 
 @pytest.mark.parametrize("lay", LAYOUTS, ids=_id)
 def test_woa_half_waits_on_exactly_its_heads_merges(lay):
-    """s4_awaits' contiguous range is the merges of the K half's 4 heads, rows below m."""
+    """S4's awaited contiguous range is the merges of the K half's 4 heads, rows below m."""
     for m in {1, lay.rows}:
         for task in range(0, lay.s4_tasks, 7):
             tile, half = lay.s4_task(task)
@@ -63,7 +66,7 @@ def test_woa_half_waits_on_exactly_its_heads_merges(lay):
             heads = lay.heads // lay.groups
             want = {(r, h) for r in range(m) for h in range(group * heads + half * heads // 2,
                                                              group * heads + (half + 1) * heads // 2)}
-            first, count = lay.s4_awaits(task, m)
+            first, count = lay.awaits(4, task, m)
             got = {lay.s3_task(f - lay.f_merge) for f in range(first, first + count)}
             assert got == want
 
@@ -134,3 +137,12 @@ def _disjoint_and_within(regions: list[tuple[int, int]], low: int, high: int) ->
     spans = sorted((start, start + size) for start, size in regions)
     assert spans[0][0] >= low and spans[-1][1] <= high
     assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
+
+
+def test_each_part_one_stage_reads_only_scratch_its_producer_wrote():
+    """Part one's table: its scratch regions agree with its waits (S7 reads its peers' pushes,
+    not scratch); a table whose S8 waits on nothing does not."""
+    regions = F32_REGIONS + I32_REGIONS + BYTE_REGIONS
+    assert hand_off_errors(SCHEDULE, regions) == []
+    wrong = tuple(replace(s, waits_on=None) if s.number == 8 else s for s in SCHEDULE)
+    assert hand_off_errors(wrong, regions) == ["S8 reads partials but waits on None, not its writer 7"]

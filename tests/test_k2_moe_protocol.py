@@ -76,7 +76,7 @@ def moe_needs(lay: K2MoeLayout, consumer: tuple, m: int) -> tuple[int, ...]:
     live_norm = tuple(lay.f_norm + r for r in range(m))
     live_top = tuple(lay.f_top + r for r in range(m))
     if consumer[0] == "push":
-        if consumer[2] in ("part", "rs"):
+        if consumer[2] in ("part", "rs", "ag"):  # part one's
             return needs(lay, consumer, m)
         tile = consumer[3] % lay.s14_tasks  # S18: its shared tile, its tile of each entry's pick, the ids
         downs = _writers(lay, m)[1].get(tile, [])

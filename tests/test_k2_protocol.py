@@ -11,14 +11,16 @@ wrote it, so a wait that passes on another launch's word is seen (a stale read);
 CTA of any rank can move while some have work left is a deadlock. Time is the count of steps
 taken (a late rank's start jumps it forward when nothing else can move); with a wait limit, a
 CTA that has waited on its peers' units longer than that traps, as the kernel's poll does after
-`peer_wait_us`. The model runs the same `*_awaits` / `*_pushes` functions the kernel calls."""
+`peer_wait_us`. The model runs part one's schedule table (K2Layout.schedule: its waits, peer
+polls and pushes), the one the kernel's stage loops read; what each task reads is checked, when
+it starts its work, against `needs`, this file's own statement of the data flow."""
 
 from __future__ import annotations
 
 import functools
 import heapq
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import pytest
@@ -185,7 +187,7 @@ class World:
             cta.tag = wrap(epoch + 1, self.bits)
             cta.half = self.lay.peer_half(epoch) if self.parity else 0
             rank.words[ARRIVE_WORD] += 1
-        elif kind == "wait" and cta.steps[cta.pc][0] != "wait":  # the task's last wait: then it reads
+        elif kind in ("wait", "run") and cta.steps[cta.pc][0] not in ("wait", "run"):  # then the task reads
             consumer = next(s for s in cta.steps[cta.pc:] if s[0] in ("publish", "push"))
             self.stale += [("flag", me, f, rank.word_writer[f])
                            for f in self.needs(self.lay, consumer, self.ms[rank.launch]) if rank.word_writer[f] != me]
@@ -225,9 +227,13 @@ class World:
 def needs(lay: K2Layout, consumer: tuple, m: int) -> tuple[int, ...]:
     """The flags whose data the task that publishes / pushes `consumer` reads, from the stages'
     data dependencies (not from the *_awaits ranges the program waits on)."""
+    if consumer[0] == "push" and consumer[2] == "ag":  # S7 on a chunk's owner: its peers' units only
+        return ()
     if consumer[0] == "push":  # wo_b: the MXFP8 z of every live row
         return tuple(lay.f_z + r for r in range(m))
     flag = consumer[1]
+    if lay.f_keys <= flag < lay.f_attn or lay.f_seam <= flag < lay.f_norm:  # key table, S7: no flag's data
+        return ()
     if lay.f_attn <= flag < lay.f_merge:  # attention: its row's key table
         return (lay.f_keys + lay.s2_task(flag - lay.f_attn)[0],)
     if lay.f_merge <= flag < lay.f_woa:  # merge: every chunk of its row and head's tile
@@ -323,17 +329,42 @@ def test_without_the_parity_halves_a_rank_ahead_overwrites_what_a_peer_still_rea
     assert "deadlock" in outcomes
 
 
-def test_a_wait_on_one_flag_too_few_reads_a_stale_word():
-    """S5 waiting on all wo_a tasks but the last, whose CTA lags: a row's z quant passes before
-    that task of its launch has published, and reads the previous launch's output."""
-    def short(lay: K2Layout, cta: int, m: int, rank: int) -> list:
-        first, count = lay.s5_awaits()
-        return [("wait", first, count - 1) if s == ("wait", first, count) else s for s in lay.program(cta, m, rank)]
+def _mutated(lay: K2Layout, stage: int, **change) -> K2Layout:
+    return replace(lay, schedule=tuple(replace(s, **change) if s.number == stage else s for s in lay.schedule))
 
-    lay = K2Layout(8, 4, 1024, 2)
-    world = World(lay, [2, 2], seed=0, program=short, lag=(lay.s4_tasks - 1) % CTAS)
+
+WRONG_TABLES = {  # name: (stage, its wrong fields, the lagging CTA whose task the wait misses)
+    "S2 waits on nothing": (2, {"waits_on": None}, lambda lay: 1),
+    "S3 misses a row's last chunk": (3, {"awaits": lambda lay, task, m: (
+        (lay.s3_task(task)[0] * lay.head_tiles + lay.s3_task(task)[1] // HEAD_TILE) * lay.chunks, lay.chunks - 1)},
+        lambda lay: lay.chunks - 1),
+    "S4 waits for one row fewer": (4, {"awaits": lambda lay, task, m: (
+        (task // WOA_PARTS * TILE_N // O_LORA * WOA_PARTS + task % WOA_PARTS) * lay.rows * 4, 4 * (m - 1))},
+        lambda lay: 4),
+    "S5 misses the last wo_a flag": (5, {"awaits": lambda lay, row, m: (0, lay.s4_tasks - 1)},
+                                     lambda lay: (lay.s4_tasks - 1) % CTAS),
+    "S6 waits on nothing": (6, {"waits_on": None}, lambda lay: 0),
+    "S8 waits on nothing": (8, {"waits_on": None}, lambda lay: 1),
+}
+
+
+@pytest.mark.parametrize("wrong", sorted(WRONG_TABLES))
+def test_a_table_with_a_wait_missing_or_short_reads_a_stale_word(wrong):
+    """A schedule table whose wait misses a task, that task's CTA lagging: the consumer starts
+    its work before that task of its launch has published and reads the previous launch's data."""
+    stage, change, lag = WRONG_TABLES[wrong]
+    lay = _mutated(K2Layout(8, 4, 1024, 2), stage, **change)
+    world = World(lay, [2, 2], seed=0, lag=lag(lay))
     world.run()
-    assert any(f == lay.f_woa + lay.s4_tasks - 1 for _, _, f, _ in world.stale)
+    assert world.stale, f"{wrong}: the model saw no stale read"
+
+
+def test_the_right_table_with_the_same_laggards_reads_nothing_stale():
+    lay = K2Layout(8, 4, 1024, 2)
+    for lag in sorted({lag(lay) for _, _, lag in WRONG_TABLES.values()}):
+        world = World(lay, [2, 2], seed=0, lag=lag)
+        world.run()
+        assert not world.stale, (lag, world.stale[:3])
 
 
 def test_pad_groups_without_their_pushes_read_a_wrapped_tag():

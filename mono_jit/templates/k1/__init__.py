@@ -52,7 +52,8 @@ class K1Template(Template):
     name = "k1"
     spec_fields = ("tp", "max_tokens")
     source_files = COMMON_SOURCES + (
-        "templates/_sync.py", "templates/sync_area.py", "templates/_numerics.py", "templates/_gemv.py",
+        "templates/_sync.py", "templates/sync_area.py", "templates/schedule.py", "templates/_numerics.py",
+        "templates/_gemv.py",
         "templates/_seam.py", "templates/k1/__init__.py", "templates/k1/layout.py",
         "templates/k1/addressing.py", "templates/k1/reference.py", "templates/k1/kernel.py")
     kernel_module = ".kernel"

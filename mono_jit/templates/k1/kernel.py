@@ -40,6 +40,9 @@ conversion's rounding (and its NaN encoding), the trap and the cross-CTA orderin
 hardware are unverified until tests/test_gpu.py runs on an MI355X.
 """
 
+from dataclasses import replace
+from functools import partial
+from types import SimpleNamespace
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
@@ -55,9 +58,10 @@ from .._numerics import VEC, bf16_round, bf16x8, e8m0, e8m0_inverse, amax8, fp8x
 from .._seam import fold_row, mix_weights, seam_row
 from .._sync import arrive, leave, publish, step_tag, wait
 from ..base import Build
+from ..schedule import Stage
 from . import addressing as ad
 from .layout import (CTAS, EPS, HEAD_DIM, KV_LORA, KV_SCALE_BLOCK, KV_SCALES, LDS_ACC_WORDS, LDS_GATE_WORDS,
-                     LDS_RED_WORDS, MIXES, NOPE, PARTIALS, PIN_LDS_BYTES, Q_LORA, QKV, ROPE, SEAM_CHUNK,
+                     LDS_RED_WORDS, MIXES, NOPE, PARTIALS, PIN_LDS_BYTES, Q_LORA, QKV, ROPE, SCHEDULE, SEAM_CHUNK,
                      SEAM_CHUNKS, SEAM_GROUP, STREAMS, THREADS, TILE_N, WAVES, WEIGHT_BLOCK, K1Layout)
 from .reference import KV_AMAX_FLOOR
 
@@ -78,19 +82,115 @@ def _qkv_raw8(f32x4, lay, row, col):
     return [first[e] + second[e] for e in range_constexpr(VEC)]
 
 
+# -- the stages' work (what a live task does; the schedule in layout.py says when) ----------------
+
+class _Frame(SimpleNamespace):
+    """The kernel's arguments, scratch views and thread indices that the stage bodies read."""
+
+
+@dsl
+def _s1_fold(k, task, _row):
+    """S1 task: fold and mix partials of one row group and 128-column chunk."""
+    lay = k.lay
+    group, chunk = ad.s1_task(task)
+    col = chunk * SEAM_CHUNK + k.tid % SEAM_CHUNK
+    fn = mix_weights(flat_view(k.HcFn), k.stream, col)
+    x_at = lambda row: load_scalar(flat_view(k.X), row * H + col, fx.BFloat16).to(fx.Float32)  # noqa: E731
+    first = group * SEAM_GROUP
+    end = fx.min(first + SEAM_GROUP, k.m)
+    for row in range(first, end):
+        fold_row(flat_view(k.Residual), fx.get_iter(k.PostMix), fx.get_iter(k.ResMix), flat_view(k.ROut), x_at,
+                 k.do_fold, fn, k.red, k.f32,
+                 lay.partials + (row * SEAM_CHUNKS + chunk) * PARTIALS, row, col, k.stream, k.tid, k.wave, k.lane)
+
+
+def _s2_seam(k, task, row):
+    """S2 row: the seam's gate, collapse, attn_norm, MXFP8."""
+    lay = k.lay
+    seam_row(k.f32, lay.partials + row * SEAM_CHUNKS * PARTIALS, k.gate, k.red, fx.get_iter(k.HcBase),
+             fx.get_iter(k.HcScale), fx.get_iter(k.PostOut), fx.get_iter(k.CombOut), flat_view(k.ROut, VEC),
+             fx.get_iter(k.AttnNorm), flat_view(k.XNorm, VEC), k.u8x8, k.u8,
+             ad.mx_code_offset(lay.x_codes, row, 0, H), ad.mx_scale_offset(lay.x_scales, row, 0, H),
+             row, k.tid, k.wave, k.lane)
+
+
+def _s3_qkv(k, task, row):
+    """S3 task: one N tile and K half of fused_wqa_wkv."""
+    lay = k.lay
+    n0, part = ad.s3_task(task)
+    accs = gemv_steps(k.w_qkv, k.x_mx, n0, ad.s3_steps(part, k.wave), k.lane, lay.row_tiles)
+    gemv_reduce(accs, k.lds_acc, k.tid, k.wave, k.lane, WAVES, lay.row_tiles, k.f32,
+                lay.qkv_raw + part * lay.rows * QKV, QKV, n0, k.m)
+
+
+@dsl
+def _s4_norms(k, task, row):
+    """S4 row: q_norm, kv_norm, RoPE, KV insert."""
+    _qr_norm_quant(k.f32x4, k.QNorm, k.QrOut, k.red, k.u8x8, k.u8, k.lay, row, k.tid, k.wave, k.lane)
+    if k.wave == Q_LORA // VEC // WAVE:
+        _kv_insert(k.f32x4, k.KvNorm, k.Rope, k.Positions, k.SlotMapping, k.KvCache, k.lay, row, k.lane,
+                   k.page_stride, k.block_size)
+
+
+def _s5_qb(k, task, row):
+    """S5 task: two N tiles of wq_b."""
+    lay = k.lay
+    tile_row, first = ad.s5_tile(task, k.wave)
+    steps = [(first + s, None) for s in range_constexpr(ad.S5_STEPS)]
+    accs = gemv_steps(k.w_qb, k.qr_mx, tile_row, steps, k.lane, lay.row_tiles)
+    gemv_reduce(accs, k.lds_acc, k.tid, k.wave, k.lane, ad.S5_WAVES_PER_TILE, lay.row_tiles, k.f32, lay.q_raw,
+                lay.q_width, task * 2 * TILE_N, k.m)
+
+
+def _s6_heads(k, task, row):
+    """S6 task: per-head RMS and RoPE of q, one wave per head."""
+    head = (task % k.lay.head_groups) * WAVES + k.wave
+    _q_head(k.f32x4, k.Rope, k.Positions, k.QOut, k.lay, row, head, k.lane)
+
+
+STAGE_WORK = {1: _s1_fold, 2: _s2_seam, 3: _s3_qkv, 4: _s4_norms, 5: _s5_qb, 6: _s6_heads}
+
+
+@dsl
+def _run_stage(k, stage, stages):
+    """One stage's loop over this CTA's tasks, as the schedule states it: a live task waits for
+    its producer's flags (when the producer is in this build) and works; then it publishes its
+    flag, or, in a stage that publishes none, meets the CTA barrier.
+
+    (The loop body calls no method of a local: FlyDSL would carry that local through the loop.)"""
+    work, row_of, waits, publishes = STAGE_WORK[stage.number], stage.row_of, stage.waits_in(stages), stage.publishes
+    awaits = partial(k.lay.awaits, stage.number)
+    flag_base = k.lay.flag_base(stage.number) if publishes else None
+    for task in range(k.cta, stage.tasks(k.lay), CTAS):
+        if const_expr(row_of is None):
+            if const_expr(waits):
+                wait(k.Sync, *awaits(task, k.m), k.tag, k.tid)
+            work(k, task, None)
+        else:
+            row = row_of(k.lay, task)
+            if row < k.m:
+                if const_expr(waits):
+                    wait(k.Sync, *awaits(task, k.m), k.tag, k.tid)
+                work(k, task, row)
+        if const_expr(publishes):
+            publish(k.Sync, flag_base + task, k.tag, k.tid)
+        else:
+            gpu.barrier()
+
+
 # -- the kernel ------------------------------------------------------------------------------
 
-ALL_STAGES = frozenset(range(1, 7))
+ALL_STAGES = frozenset(s.number for s in SCHEDULE)
 
 
 def make_kernel(lay: K1Layout, stages: frozenset[int] = ALL_STAGES):
-    """The K1 kernel with the given stages (all of them for K1 itself).
+    """The K1 kernel with the given stages (all of them for K1 itself), run in SCHEDULE's order.
 
     A build with a subset is a standalone launch of those stages: a stage whose producer is
     left out does not wait for it and reads its inputs from the buffers as the caller prepared
     them, so each stage can be tested alone against its reference on a GPU or the emulator.
     """
-    rows, q_width, row_tiles = lay.rows, lay.q_width, lay.row_tiles
+    rows = lay.rows
 
     @flyc.kernel
     def k1_kernel(X: fx.Tensor, Residual: fx.Tensor, PostMix: fx.Tensor, ResMix: fx.Tensor,
@@ -125,81 +225,18 @@ def make_kernel(lay: K1Layout, stages: frozenset[int] = ALL_STAGES):
         w_qb = Fp8Weight(flat_view(WQb, 16), fx.get_iter(SQb), Q_LORA, qb_stride, qb_shuffled)
         x_mx = Mxfp8Rows(u8x16, u8, lay.x_codes, lay.x_scales, H)
         qr_mx = Mxfp8Rows(u8x16, u8, lay.qr_codes, lay.qr_scales, Q_LORA)
+        stream = tid // SEAM_CHUNK  # S1: the mHC stream this thread folds
+        k = _Frame(lay=lay, X=X, Residual=Residual, PostMix=PostMix, ResMix=ResMix, HcFn=HcFn, HcBase=HcBase,
+                   HcScale=HcScale, AttnNorm=AttnNorm, QNorm=QNorm, KvNorm=KvNorm, Rope=Rope, Positions=Positions,
+                   SlotMapping=SlotMapping, KvCache=KvCache, ROut=ROut, PostOut=PostOut, CombOut=CombOut,
+                   XNorm=XNorm, QrOut=QrOut, QOut=QOut, Sync=Sync, m=m, do_fold=do_fold, page_stride=page_stride,
+                   block_size=block_size, tid=tid, lane=lane, wave=wave, cta=cta, red=red, gate=gate,
+                   lds_acc=lds_acc, tag=tag, f32=f32, f32x4=f32x4, u8=u8, u8x8=u8x8, w_qkv=w_qkv, w_qb=w_qb,
+                   x_mx=x_mx, qr_mx=qr_mx, stream=stream)
 
-        # ---- S1: fold and mix partials ------------------------------------------------------
-        if const_expr(1 in stages):
-            stream = tid // SEAM_CHUNK
-            for task in range(cta, lay.s1_tasks, CTAS):
-                group, chunk = ad.s1_task(task)
-                col = chunk * SEAM_CHUNK + tid % SEAM_CHUNK
-                fn = mix_weights(flat_view(HcFn), stream, col)
-                x_at = lambda row: load_scalar(flat_view(X), row * H + col, fx.BFloat16).to(fx.Float32)  # noqa: E731
-                first = group * SEAM_GROUP
-                end = fx.min(first + SEAM_GROUP, m)
-                for row in range(first, end):
-                    fold_row(flat_view(Residual), fx.get_iter(PostMix), fx.get_iter(ResMix), flat_view(ROut), x_at,
-                             do_fold, fn, red, f32,
-                             lay.partials + (row * SEAM_CHUNKS + chunk) * PARTIALS, row, col, stream, tid, wave, lane)
-                publish(Sync, lay.f1 + task, tag, tid)
-
-        # ---- S2: the seam's gate, collapse, attn_norm, MXFP8 ---------------------------------
-        if const_expr(2 in stages):
-            for row in range(cta, rows, CTAS):
-                if row < m:
-                    if const_expr(1 in stages):
-                        wait(Sync, *lay.s2_awaits(row), tag, tid)
-                    seam_row(f32, lay.partials + row * SEAM_CHUNKS * PARTIALS, gate, red, fx.get_iter(HcBase),
-                             fx.get_iter(HcScale), fx.get_iter(PostOut), fx.get_iter(CombOut), flat_view(ROut, VEC),
-                             fx.get_iter(AttnNorm), flat_view(XNorm, VEC), u8x8, u8,
-                             ad.mx_code_offset(lay.x_codes, row, 0, H), ad.mx_scale_offset(lay.x_scales, row, 0, H),
-                             row, tid, wave, lane)
-                publish(Sync, lay.f2 + row, tag, tid)
-
-        # ---- S3: fused_wqa_wkv -------------------------------------------------------------
-        if const_expr(3 in stages):
-            for task in range(cta, lay.s3_tasks, CTAS):
-                if const_expr(2 in stages):
-                    wait(Sync, *lay.s3_awaits(m), tag, tid)
-                n0, part = ad.s3_task(task)
-                accs = gemv_steps(w_qkv, x_mx, n0, ad.s3_steps(part, wave), lane, row_tiles)
-                gemv_reduce(accs, lds_acc, tid, wave, lane, WAVES, row_tiles, f32,
-                             lay.qkv_raw + part * rows * QKV, QKV, n0, m)
-                publish(Sync, lay.f3 + task, tag, tid)
-
-        # ---- S4: q_norm, kv_norm, RoPE, KV insert ------------------------------------------
-        if const_expr(4 in stages):
-            for row in range(cta, rows, CTAS):
-                if row < m:
-                    if const_expr(3 in stages):
-                        wait(Sync, *lay.s4_awaits(), tag, tid)
-                    _qr_norm_quant(f32x4, QNorm, QrOut, red, u8x8, u8, lay, row, tid, wave, lane)
-                    if wave == Q_LORA // VEC // WAVE:
-                        _kv_insert(f32x4, KvNorm, Rope, Positions, SlotMapping, KvCache, lay, row, lane,
-                                   page_stride, block_size)
-                publish(Sync, lay.f4 + row, tag, tid)
-
-        # ---- S5: wq_b ----------------------------------------------------------------------
-        if const_expr(5 in stages):
-            for task in range(cta, lay.s5_tasks, CTAS):
-                if const_expr(4 in stages):
-                    wait(Sync, *lay.s5_awaits(m), tag, tid)
-                tile_row, first = ad.s5_tile(task, wave)
-                steps = [(first + s, None) for s in range_constexpr(ad.S5_STEPS)]
-                accs = gemv_steps(w_qb, qr_mx, tile_row, steps, lane, row_tiles)
-                gemv_reduce(accs, lds_acc, tid, wave, lane, ad.S5_WAVES_PER_TILE, row_tiles, f32, lay.q_raw,
-                             q_width, task * 2 * TILE_N, m)
-                publish(Sync, lay.f5 + task, tag, tid)
-
-        # ---- S6: per-head RMS and RoPE of q --------------------------------------------------
-        if const_expr(6 in stages):
-            for task in range(cta, lay.s6_tasks, CTAS):
-                row = lay.s6_row(task)
-                head = (task % lay.head_groups) * WAVES + wave
-                if row < m:
-                    if const_expr(5 in stages):
-                        wait(Sync, *lay.s6_awaits(task), tag, tid)
-                    _q_head(f32x4, Rope, Positions, QOut, lay, row, head, lane)
-                gpu.barrier()
+        for stage in lay.schedule:
+            if const_expr(stage.number in stages):
+                _run_stage(k, stage, stages)
 
         leave(Sync, tag, CTAS, tid)
 
@@ -277,8 +314,10 @@ def _q_head(f32x4, Rope, Positions, QOut, lay, row, head, lane):
     store(flat_view(QOut, VEC), base // VEC + lane, bf16x8(y), fx.BFloat16, VEC)
 
 
-def build(spec: Spec, stages: frozenset[int] = ALL_STAGES) -> Build:
-    lay = K1Layout.of(spec)
+def build(spec: Spec, stages: frozenset[int] = ALL_STAGES, schedule: tuple[Stage, ...] = SCHEDULE) -> Build:
+    """K1 holding `stages`, run as `schedule` says (SCHEDULE; the tests pass a wrong one to see
+    the kernel follow it)."""
+    lay = replace(K1Layout.of(spec), schedule=schedule)
     kernel = make_kernel(lay, frozenset(stages))
 
     @flyc.jit

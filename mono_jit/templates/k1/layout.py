@@ -3,8 +3,10 @@
 Pure Python (no FlyDSL, no torch): the kernel, the runner that allocates K1's buffers and the
 tests all read the same figures from here.
 
-Stages and their task tables (CTA b runs tasks b, b + 256, ...; every stage waits only on flags
-of the stages before it, so with all 256 CTAs resident nothing can deadlock):
+Stages (CTA b runs tasks b, b + 256, ...). SCHEDULE below is the one statement of their order,
+task counts, waits, publishes and scratch regions: the kernel's stage loops, the sync words, the
+scratch offsets, the protocol model (`program`) and the stage-subset builds all follow it
+(templates/schedule.py).
 
   S1 fold + mix partials  task = (row group of 16, column chunk of 128): 56 x groups tasks.
                           512 threads = 4 streams x 128 columns; each thread keeps its 24
@@ -26,12 +28,12 @@ Hand-offs are flags at device scope tagged with the step's epoch + 1 (see kernel
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ... import model
 from ...resources import LDS_PER_CU
 from ...spec import Spec
-from ..sync_area import FIRST_FLAG
+from .. import schedule as sched
 
 CTAS = 256
 THREADS = 512
@@ -75,12 +77,63 @@ STATIC_LDS_BYTES = 4 * (LDS_RED_WORDS + LDS_GATE_WORDS + LDS_ACC_WORDS)
 PIN_LDS_BYTES = LDS_PER_CU // 2 + 64 - STATIC_LDS_BYTES
 
 
+# -- the schedule: stages in launch order (every stage waits only on flags of a stage before it,
+# so with all 256 CTAs resident nothing can deadlock) -------------------------------------------
+
+def _s6_row(lay: K1Layout, task):
+    return task // lay.head_groups
+
+
+def _s6_awaits(lay: K1Layout, task, m):
+    """The S5 tasks of the task's 8 heads."""
+    first_head = (task % lay.head_groups) * HEADS_PER_TASK
+    return first_head * lay.s5_tasks_per_head, HEADS_PER_TASK * lay.s5_tasks_per_head
+
+
+def _row(lay: K1Layout, task):
+    return task
+
+
+SCHEDULE: tuple[sched.Stage, ...] = (
+    sched.Stage(1, "fold + mix partials", tasks=lambda lay: lay.seam_groups * SEAM_CHUNKS,
+                   writes=("partials",)),
+    sched.Stage(2, "seam", tasks=lambda lay: lay.rows, waits_on=1, row_of=_row,
+                   awaits=lambda lay, row, m: ((row // SEAM_GROUP) * SEAM_CHUNKS, SEAM_CHUNKS),
+                   reads=("partials",), writes=("x_codes", "x_scales")),
+    sched.Stage(3, "fused_wqa_wkv GEMV", tasks=lambda lay: S3_TILES * S3_PARTS, waits_on=2,
+                   awaits=lambda lay, task, m: (0, m), reads=("x_codes", "x_scales"), writes=("qkv_raw",)),
+    sched.Stage(4, "norms + KV insert", tasks=lambda lay: lay.rows, waits_on=3, row_of=_row,
+                   awaits=lambda lay, row, m: (0, lay.tasks(3)), reads=("qkv_raw",),
+                   writes=("qr_codes", "qr_scales")),
+    sched.Stage(5, "wq_b GEMV", tasks=lambda lay: lay.q_width // (2 * TILE_N), waits_on=4,
+                   awaits=lambda lay, task, m: (0, m), reads=("qr_codes", "qr_scales"), writes=("q_raw",)),
+    sched.Stage(6, "q heads", tasks=lambda lay: lay.rows * lay.head_groups, waits_on=5, row_of=_s6_row,
+                   awaits=_s6_awaits, publishes=False, reads=("q_raw",)),
+)
+
+F32_REGIONS: tuple[sched.Region, ...] = (
+    sched.Region("partials", lambda lay: lay.rows * SEAM_CHUNKS * PARTIALS, "[rows, 56, 25] S1 mix partials"),
+    sched.Region("qkv_raw", lambda lay: S3_PARTS * lay.rows * QKV,
+                    "[2 K halves, rows, 2048] S3 output before its bf16 rounding"),
+    sched.Region("q_raw", lambda lay: lay.rows * lay.q_width, "[rows, q_width] S5 output"),
+)
+
+# The GEMVs' MXFP8 operands, one row per token of the MFMA's B operand.
+BYTE_REGIONS: tuple[sched.Region, ...] = (
+    sched.Region("x_codes", lambda lay: lay.operand_rows * model.HIDDEN, "[operand_rows, 7168] e4m3 of the normed row"),
+    sched.Region("x_scales", lambda lay: lay.operand_rows * (model.HIDDEN // MX_BLOCK), "[operand_rows, 224] its E8M0 codes"),
+    sched.Region("qr_codes", lambda lay: lay.operand_rows * Q_LORA, "[operand_rows, 1536] e4m3 of the normed qr"),
+    sched.Region("qr_scales", lambda lay: lay.operand_rows * (Q_LORA // MX_BLOCK), "[operand_rows, 48]"),
+)
+
+
 @dataclass(frozen=True)
 class K1Layout:
     """Every width, task count and offset of one K1 build."""
 
     tp: int
     rows: int  # max_tokens: the bucket
+    schedule: tuple[sched.Stage, ...] = field(default=SCHEDULE, repr=False)  # what the kernel runs
 
     @classmethod
     def of(cls, spec: Spec) -> "K1Layout":
@@ -100,22 +153,10 @@ class K1Layout:
         """16-token column blocks of the MFMA B operand."""
         return math.ceil(self.rows / TILE_N)
 
-    # -- task tables -------------------------------------------------------------------
+    # -- task tables (the schedule's) -------------------------------------------------------
     @property
     def seam_groups(self) -> int:
         return math.ceil(self.rows / SEAM_GROUP)
-
-    @property
-    def s1_tasks(self) -> int:
-        return self.seam_groups * SEAM_CHUNKS
-
-    @property
-    def s3_tasks(self) -> int:
-        return S3_TILES * S3_PARTS
-
-    @property
-    def s5_tasks(self) -> int:
-        return self.q_width // (2 * TILE_N)
 
     @property
     def s5_tasks_per_head(self) -> int:
@@ -125,100 +166,62 @@ class K1Layout:
     def head_groups(self) -> int:
         return math.ceil(self.heads / HEADS_PER_TASK)
 
+    def tasks(self, stage: int) -> int:
+        return sched.stage(self.schedule, stage).tasks(self)
+
+    @property
+    def s1_tasks(self) -> int:
+        return self.tasks(1)
+
+    @property
+    def s3_tasks(self) -> int:
+        return self.tasks(3)
+
+    @property
+    def s5_tasks(self) -> int:
+        return self.tasks(5)
+
     @property
     def s6_tasks(self) -> int:
-        return self.rows * self.head_groups
+        return self.tasks(6)
 
     # -- sync words (int32): epoch, exit and arrival counters, then a flag per producer task --
-    @property
-    def f1(self) -> int:
-        return FIRST_FLAG
-
-    @property
-    def f2(self) -> int:
-        return self.f1 + self.s1_tasks
-
-    @property
-    def f3(self) -> int:
-        return self.f2 + self.rows
-
-    @property
-    def f4(self) -> int:
-        return self.f3 + self.s3_tasks
-
-    @property
-    def f5(self) -> int:
-        return self.f4 + self.rows
+    def flag_base(self, stage: int) -> int:
+        """The sync word of stage `stage`'s first task flag."""
+        return sched.flag_bases(self.schedule, self)[stage]
 
     @property
     def sync_words(self) -> int:
-        return self.f5 + self.s5_tasks
+        return sched.flag_bases(self.schedule, self)[0]
 
-    # -- what each stage waits for: (first flag, count) ---------------------------------------
-    # Plain arithmetic on a row, task or m, so the kernel traces these on its DSL values and the
-    # protocol model (tests/test_k1_protocol.py) runs them on ints.
-    def s2_awaits(self, row):
-        """S1's tasks of the row's group: all its column chunks."""
-        return self.f1 + (row // SEAM_GROUP) * SEAM_CHUNKS, SEAM_CHUNKS
+    def awaits(self, stage: int, task, m):
+        """(first flag, count) a task of `stage` waits for, in a launch of m rows."""
+        return sched.awaited_flags(self, sched.stage(self.schedule, stage), task, m)
 
-    def s3_awaits(self, m):
-        """S2's rows below m."""
-        return self.f2, m
+    def program(self, cta: int, m: int) -> list[tuple]:
+        """CTA `cta`'s waits, runs and publishes in one launch with m rows, in the order the
+        kernel's stage loops run them (both come from self.schedule)."""
+        return sched.program(self.schedule, self, cta, CTAS, m)
 
-    def s4_awaits(self):
-        """Every S3 task (each row needs all 2048 outputs of both K halves)."""
-        return self.f3, self.s3_tasks
+    # -- f32 scratch (F32_REGIONS, packed in order) ------------------------------------------
+    def _f32(self, name: str) -> int:
+        return sched.region_offsets(F32_REGIONS, self)[name]
 
-    def s5_awaits(self, m):
-        """S4's rows below m."""
-        return self.f4, m
-
-    def s6_awaits(self, task):
-        """The S5 tasks of the task's 8 heads."""
-        first_head = (task % self.head_groups) * HEADS_PER_TASK
-        return self.f5 + first_head * self.s5_tasks_per_head, HEADS_PER_TASK * self.s5_tasks_per_head
-
-    def s6_row(self, task):
-        return task // self.head_groups
-
-    def program(self, cta: int, m: int) -> list[tuple[str, int, int]]:
-        """CTA `cta`'s hand-offs in one launch with m rows, in order: ("wait", first, count) and
-        ("publish", flag, 1). The kernel's stage loops in the same order (kernel.make_kernel)."""
-        steps: list[tuple[str, int, int]] = []
-        steps += [("publish", self.f1 + task, 1) for task in range(cta, self.s1_tasks, CTAS)]
-        for row in range(cta, self.rows, CTAS):
-            steps += [("wait", *self.s2_awaits(row))] if row < m else []
-            steps.append(("publish", self.f2 + row, 1))
-        for task in range(cta, self.s3_tasks, CTAS):
-            steps += [("wait", *self.s3_awaits(m)), ("publish", self.f3 + task, 1)]
-        for row in range(cta, self.rows, CTAS):
-            steps += [("wait", *self.s4_awaits())] if row < m else []
-            steps.append(("publish", self.f4 + row, 1))
-        for task in range(cta, self.s5_tasks, CTAS):
-            steps += [("wait", *self.s5_awaits(m)), ("publish", self.f5 + task, 1)]
-        steps += [("wait", *self.s6_awaits(task)) for task in range(cta, self.s6_tasks, CTAS)
-                  if self.s6_row(task) < m]
-        return steps
-
-    # -- f32 scratch -------------------------------------------------------------------
     @property
     def partials(self) -> int:
-        """[rows, 56, 25] S1 mix partials."""
-        return 0
+        return self._f32("partials")
 
     @property
     def qkv_raw(self) -> int:
-        """[2 K halves, rows, 2048] S3 output before its bf16 rounding."""
-        return self.partials + self.rows * SEAM_CHUNKS * PARTIALS
+        return self._f32("qkv_raw")
 
     @property
     def q_raw(self) -> int:
-        """[rows, q_width] S5 output."""
-        return self.qkv_raw + S3_PARTS * self.rows * QKV
+        return self._f32("q_raw")
 
     @property
     def f32_words(self) -> int:
-        return self.q_raw + self.rows * self.q_width
+        return self._f32("end")
 
     # -- byte scratch: the GEMVs' MXFP8 operands, one row per token of the MFMA's B operand ----
     @property
@@ -228,26 +231,25 @@ class K1Layout:
         allocated, so a bucket of 1 reads 16 rows inside the buffer."""
         return self.row_tiles * TILE_N
 
+    def _byte(self, name: str) -> int:
+        return sched.region_offsets(BYTE_REGIONS, self)[name]
+
     @property
     def x_codes(self) -> int:
-        """[operand_rows, 7168] e4m3 of the normed row."""
-        return 0
+        return self._byte("x_codes")
 
     @property
     def x_scales(self) -> int:
-        """[operand_rows, 224] its E8M0 codes."""
-        return self.x_codes + self.operand_rows * model.HIDDEN
+        return self._byte("x_scales")
 
     @property
     def qr_codes(self) -> int:
-        """[operand_rows, 1536] e4m3 of the normed qr."""
-        return self.x_scales + self.operand_rows * (model.HIDDEN // MX_BLOCK)
+        return self._byte("qr_codes")
 
     @property
     def qr_scales(self) -> int:
-        """[operand_rows, 48]."""
-        return self.qr_codes + self.operand_rows * Q_LORA
+        return self._byte("qr_scales")
 
     @property
     def bytes(self) -> int:
-        return self.qr_scales + self.operand_rows * (Q_LORA // MX_BLOCK)
+        return self._byte("end")

@@ -46,6 +46,7 @@ runs on MI355X GPUs.
 
 
 import operator
+from dataclasses import replace
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
@@ -61,6 +62,7 @@ from .._gemv import Fp8Weight, Mxfp8Rows, gemv_reduce, gemv_steps
 from .._numerics import LOG2E, VEC, bf16_round, e8m0_scale, fp8x4_to_f32, load8_f32, mx_store, rope8
 from .._seam import fold_row, mix_weights, seam_row
 from .._sync import arrive, leave, publish, step_tag, trap_if, wait
+from .. import schedule as sched
 from ..base import Build
 from ..k1 import addressing as ad
 from ..k1.layout import (CTAS, HEAD_DIM, KV_DATA, KV_SCALES, LDS_ACC_WORDS, LDS_GATE_WORDS,
@@ -69,7 +71,7 @@ from ..k1.layout import (CTAS, HEAD_DIM, KV_DATA, KV_SCALES, LDS_ACC_WORDS, LDS_
 from ..keytable.kernel import key_table_row
 from ..router.kernel import select_top6
 from . import addressing as k2a
-from .layout import (HEAD_TILE, HEADS_PER_GROUP, LDS_Y_WORDS, PAIR_BYTES, TICKS_PER_US,
+from .layout import (SCHEDULE, HEAD_TILE, HEADS_PER_GROUP, LDS_Y_WORDS, PAIR_BYTES, TICKS_PER_US,
                      LDS_MOE_WORDS, PIN_LDS_BYTES, STATE_TABLE, WEIGHT_TABLE)
 from .moe_layout import DOWN_TILES, SHARED_K_PARTS, TOPK, K2MoeLayout
 from . import moe_addressing as ma
@@ -436,7 +438,8 @@ def _entry(table, names: tuple[str, ...], name: str, dtype, like):
 
 
 ALL_STAGES = frozenset(range(1, 20))
-PEER_STAGES = frozenset({6, 7, 18, 19})  # the stages that push to or poll the peer buffers
+# The stages that push to or poll the peer buffers: part one's from its schedule, then the MoE's.
+PEER_STAGES = sched.peer_stages(SCHEDULE) | frozenset({18, 19})
 
 
 def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
@@ -445,6 +448,10 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
     prepared them (k1/kernel.make_kernel), for the per-stage tests on a GPU."""
     rows, row_tiles, csa = lay.rows, lay.seam.row_tiles, lay.ratio == model.CSA_RATIO
     half_words = lay.half_bytes // PAIR_BYTES
+
+    def waits_in(stage: int) -> bool:
+        """Whether part-one stage `stage` waits on its producer in this build (the schedule's)."""
+        return sched.stage(lay.schedule, stage).waits_in(stages)
 
     @flyc.kernel
     def k2_kernel(Positions: fx.Tensor, SlotMapping: fx.Tensor, SwaIndices: fx.Tensor, SwaLens: fx.Tensor,
@@ -524,9 +531,9 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
         if const_expr(2 in stages):
             tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             for task in range(cta, lay.s2_tasks, CTAS):
-                if lay.s2_task(task)[0] < m:
-                    if const_expr(1 in stages):
-                        wait(Sync, *lay.s2_awaits(task), tag, tid)
+                if lay.row_of(2, task) < m:
+                    if const_expr(waits_in(2)):
+                        wait(Sync, *lay.awaits(2, task, m), tag, tid)
                     q = typed_view(state("q", fx.BFloat16), fx.BFloat16, rows * lay.heads * HEAD_DIM, VEC)
                     _attention_task(lay, task, q, SwaCache, CompCache, i32, f32x4, f32, swa_page_stride,
                                     swa_block, comp_page_stride, comp_block, tid)
@@ -536,9 +543,9 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
         if const_expr(3 in stages):
             tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             for task in range(cta, lay.s3_tasks, CTAS):
-                if lay.s3_task(task)[0] < m:
-                    if const_expr(2 in stages):
-                        wait(Sync, *lay.s3_awaits(task), tag, tid)
+                if lay.row_of(3, task) < m:
+                    if const_expr(waits_in(3)):
+                        wait(Sync, *lay.awaits(3, task, m), tag, tid)
                     if wave == 0:
                         _merge_task(lay, task, weight("attn_sink", fx.Float32), weight("rope", fx.Float32),
                                     Positions, f32, f32x4, u8x8, u8, lane)
@@ -552,8 +559,8 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
                              weight("s_oa", fx.Uint8), HEADS_PER_GROUP * HEAD_DIM, woa_stride,
                              layer_int("woa_shuffled"))
             for task in range(cta, lay.s4_tasks, CTAS):
-                if const_expr(3 in stages):
-                    wait(Sync, *lay.s4_awaits(task, m), tag, tid)
+                if const_expr(waits_in(4)):
+                    wait(Sync, *lay.awaits(4, task, m), tag, tid)
                 n0, part, group = k2a.woa_task(lay, task)
                 acts = Mxfp8Rows(u8x16, u8, *k2a.woa_operand(lay, group))
                 accs = gemv_steps(w_oa, acts, n0, k2a.woa_steps(part, wave), lane, row_tiles)
@@ -566,8 +573,8 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
             tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             for row in range(cta, rows, CTAS):
                 if row < m:
-                    if const_expr(4 in stages):
-                        wait(Sync, *lay.s5_awaits(), tag, tid)
+                    if const_expr(waits_in(5)):
+                        wait(Sync, *lay.awaits(5, row, m), tag, tid)
                     _z_quant_row(lay, row, f32x4, u8x8, u8, tid)
                 publish(Sync, lay.f_z + row, tag, tid)
 
@@ -579,8 +586,8 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
                              weight("s_ob", fx.Uint8), lay.o_width, wob_stride, layer_int("wob_shuffled"))
             z_mx = Mxfp8Rows(u8x16, u8, lay.z_codes, lay.z_scales, lay.o_width)
             for task in range(cta, lay.s6_tasks, CTAS):
-                if const_expr(5 in stages):
-                    wait(Sync, *lay.s6_awaits(m), tag, tid)
+                if const_expr(waits_in(6)):
+                    wait(Sync, *lay.awaits(6, task, m), tag, tid)
                 accs = gemv_steps(w_ob, z_mx, task * TILE_N, k2a.wob_steps(lay, wave), lane, row_tiles)
                 _wob_push(lay, task, accs, lds_acc, lds_peers, Mailbox, half_at, rank, tag, m, tid, wave, lane)
 
@@ -612,8 +619,8 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
             tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             for row in range(cta, rows, CTAS):
                 if row < m:
-                    if const_expr(7 in stages):
-                        wait(Sync, *lay.s8_awaits(row), tag, tid)
+                    if const_expr(waits_in(8)):
+                        wait(Sync, *lay.awaits(8, row, m), tag, tid)
                     seam_row(f32, lay.partials + row * SEAM_CHUNKS * PARTIALS, gate, red,
                              weight("hc_base", fx.Float32), weight("hc_scale", fx.Float32),
                              state("post_out", fx.Float32), state("comb_out", fx.Float32),
@@ -801,8 +808,10 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
     return k2_kernel
 
 
-def build(spec: Spec, stages: frozenset[int] = ALL_STAGES) -> Build:
-    lay = K2MoeLayout.of(spec)
+def build(spec: Spec, stages: frozenset[int] = ALL_STAGES, schedule: tuple[sched.Stage, ...] = SCHEDULE) -> Build:
+    """K2 holding `stages`, part one run as `schedule` says (SCHEDULE; the tests pass a wrong one
+    to see the kernel follow it)."""
+    lay = replace(K2MoeLayout.of(spec), schedule=schedule)
     kernel = make_kernel(lay, frozenset(stages))
 
     @flyc.jit

@@ -2,9 +2,12 @@
 numbers of a spec (pure Python, like k1/layout.py: the kernel, the runner and the tests read the
 same figures; tests/test_k2_protocol.py runs `program` on a model of 8 ranks x 256 CTAs).
 
-Stages and their task tables (CTA b runs tasks b, b + 256, ...; a stage waits only on earlier
-stages of its own rank, or on peers' pushes of earlier stages, so with all CTAs of every rank
-resident nothing can deadlock). Every task publishes its flag, and every push is made, on every
+Stages (CTA b runs tasks b, b + 256, ...; a stage waits only on earlier stages of its own rank,
+or on peers' pushes of earlier stages, so with all CTAs of every rank resident nothing can
+deadlock). Part one's SCHEDULE below states each stage's task count, wait, peer polls, pushes,
+flags and scratch regions once: the sync words, the scratch offsets, the program the protocol
+model runs and the kernel's waits, publishes and stage-subset waits follow it
+(templates/schedule.py). Part two (moe_layout.py) is still written out by hand. Every task publishes its flag, and every push is made, on every
 launch for all `rows` of the bucket, pad rows (m <= row < rows) included with no wait and zero
 data: so every flag and every peer pair a launch may read was rewritten by the launch before it
 on that word (sync area) or that half (peer buffer), and a 32-bit tag can wrap (see "Tags").
@@ -73,7 +76,7 @@ this launch's), and every rank's area must hold the same epoch (all created, and
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 from ... import model
@@ -81,7 +84,7 @@ from ...spec import Spec
 from ..k1.layout import (CTAS, HEAD_DIM, LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS, MX_BLOCK, PARTIALS,
                          SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, TILE_N, K1Layout)
 from ...resources import LDS_PER_CU
-from ..sync_area import FIRST_FLAG
+from .. import schedule as sched
 
 HEAD_TILE = 16  # heads an attention MFMA takes
 KEY_GRANULE = 64  # a chunk is a multiple of 64 keys
@@ -157,6 +160,90 @@ def _align(n: int) -> int:
     return -(-n // ROW_ALIGN) * ROW_ALIGN
 
 
+# -- part one's schedule: stages in launch order (a stage waits only on earlier stages of its own
+# rank, or on peers' pushes of earlier stages, so with all CTAs of every rank resident nothing can
+# deadlock) ------------------------------------------------------------------------------------
+
+def _row(lay: "K2Layout", task):
+    return task
+
+
+def _s3_awaits(lay: "K2Layout", task, m):
+    """Every chunk of the task's row and head tile."""
+    row, head = lay.s3_task(task)
+    return (row * lay.head_tiles + head // HEAD_TILE) * lay.chunks, lay.chunks
+
+
+def _s4_awaits(lay: "K2Layout", task, m):
+    """The merges of the task's K half's 4 heads for the rows below m (contiguous)."""
+    tile, half = lay.s4_task(task)
+    block = tile * TILE_N // O_LORA * WOA_PARTS + half
+    return block * lay.rows * MERGE_BLOCK, MERGE_BLOCK * m
+
+
+def _s8_awaits(lay: "K2Layout", row, m):
+    """K1's S2 wait (all column chunks of the row's group) on K2's S7 flags."""
+    first, count = lay.seam.awaits(2, row, m)
+    return first - lay.seam.flag_base(1), count
+
+
+SCHEDULE: tuple[sched.Stage, ...] = (
+    sched.Stage(1, "key table", tasks=lambda lay: lay.rows, writes=("key_slots", "key_counts")),
+    sched.Stage(2, "attention", tasks=lambda lay: lay.rows * lay.head_tiles * lay.chunks, waits_on=1,
+                row_of=lambda lay, task: lay.s2_task(task)[0],
+                awaits=lambda lay, task, m: (lay.s2_task(task)[0], 1),
+                reads=("key_slots", "key_counts"), writes=("attn_ml", "attn_acc")),
+    sched.Stage(3, "merge", tasks=lambda lay: lay.rows * lay.heads, waits_on=2,
+                row_of=lambda lay, task: lay.s3_task(task)[0], awaits=_s3_awaits,
+                reads=("attn_ml", "attn_acc"), writes=("xo_codes", "xo_scales")),
+    sched.Stage(4, "wo_a", tasks=lambda lay: lay.o_tiles * WOA_PARTS, waits_on=3, awaits=_s4_awaits,
+                reads=("xo_codes", "xo_scales"), writes=("woa_raw",)),
+    sched.Stage(5, "z quant", tasks=lambda lay: lay.rows, waits_on=4, row_of=_row,
+                awaits=lambda lay, row, m: (0, lay.tasks(4)), reads=("woa_raw",), writes=("z_codes", "z_scales")),
+    sched.Stage(6, "wo_b", tasks=lambda lay: WOB_TILES, waits_on=5, awaits=lambda lay, task, m: (0, m),
+                publishes=False, pushes=lambda lay, task, rank: lay.s6_pushes(task, rank),
+                reads=("z_codes", "z_scales"), writes=("partial",)),
+    sched.Stage(7, "reduce + seam", tasks=lambda lay: lay.seam.s1_tasks,
+                row_of=lambda lay, task: lay.s7_task(task)[0] * SEAM_GROUP,
+                peer_awaits=lambda lay, task, rank: lay.s7_peer_awaits(task, rank),
+                pushes=lambda lay, task, rank: lay.s7_pushes(task, rank), writes=("partials",)),
+    sched.Stage(8, "seam gate", tasks=lambda lay: lay.rows, waits_on=7, row_of=_row, awaits=_s8_awaits,
+                reads=("partials",), writes=("ffn_codes", "ffn_scales")),
+)
+
+F32_REGIONS: tuple[sched.Region, ...] = (
+    sched.Region("attn_ml", lambda lay: lay.s2_tasks * 2 * HEAD_TILE,
+                 "[S2 tasks, 2, 16] each chunk's base-2 max and sum per head of its tile"),
+    sched.Region("attn_acc", lambda lay: lay.s2_tasks * HEAD_TILE * HEAD_DIM,
+                 "[S2 tasks, 16, 512] each chunk's unnormalised sum of 2^(s - m) v per head"),
+    sched.Region("woa_raw", lambda lay: WOA_PARTS * lay.rows * lay.o_width,
+                 "[2 K halves, rows, o_width] wo_a's f32 halves (S5 sums them)"),
+    sched.Region("partials", lambda lay: lay.rows * SEAM_CHUNKS * PARTIALS,
+                 "[rows, 56, 25] the FFN seam's mix partials (K1Layout.partials' layout)"),
+)
+
+I32_REGIONS: tuple[sched.Region, ...] = (
+    sched.Region("key_slots", lambda lay: lay.rows * lay.keys, "[rows, keys] a row's slots (SWA ones first), -1 after its keys"),
+    sched.Region("key_counts", lambda lay: 2 * lay.rows, "[rows, 2]: a row's keys and its leading SWA keys"),
+)
+
+# Every byte region starts on a 256-byte boundary (ROW_ALIGN).
+BYTE_REGIONS: tuple[sched.Region, ...] = (
+    sched.Region("xo_codes", lambda lay: lay.operand_rows * lay.heads * HEAD_DIM,
+                 "[operand_rows, heads x 512] e4m3 of the merged, inverse-RoPE'd o (wo_a's input)"),
+    sched.Region("xo_scales", lambda lay: lay.operand_rows * lay.heads * HEAD_DIM // MX_BLOCK,
+                 "[operand_rows, heads x 16] its E8M0 codes"),
+    sched.Region("z_codes", lambda lay: lay.operand_rows * lay.o_width,
+                 "[operand_rows, o_width] e4m3 of wo_a's bf16 output (wo_b's input)"),
+    sched.Region("z_scales", lambda lay: lay.operand_rows * lay.o_width // MX_BLOCK, "[operand_rows, o_width / 32]"),
+    sched.Region("partial", lambda lay: 2 * lay.rows * model.HIDDEN,
+                 "[rows, 7168] bf16: the rank's partial (wo_b's tiles, as they are pushed)"),
+    sched.Region("ffn_codes", lambda lay: lay.operand_rows * model.HIDDEN,
+                 "[operand_rows, 7168] e4m3 of the FFN seam's normed row (part two's MoE input)"),
+    sched.Region("ffn_scales", lambda lay: lay.operand_rows * model.HIDDEN // MX_BLOCK, "[operand_rows, 224] its E8M0 codes"),
+)
+
+
 @dataclass(frozen=True)
 class K2Layout:
     """Every width, task count and offset of one K2 part-one build."""
@@ -165,6 +252,7 @@ class K2Layout:
     ratio: int
     topk_width: int
     rows: int  # max_tokens: the bucket
+    schedule: tuple[sched.Stage, ...] = field(default=SCHEDULE, repr=False)  # part one's, as the kernel runs it
 
     @classmethod
     def of(cls, spec: Spec) -> "K2Layout":
@@ -217,18 +305,21 @@ class K2Layout:
         """Two hops: the columns a rank sums (rank r owns [r x owned_cols, (r + 1) x owned_cols))."""
         return model.HIDDEN // self.tp
 
-    # -- task tables -------------------------------------------------------------------
+    # -- task tables (part one's schedule) ------------------------------------------------
+    def tasks(self, stage: int) -> int:
+        return sched.stage(self.schedule, stage).tasks(self)
+
     @property
     def s1_tasks(self) -> int:
-        return self.rows
+        return self.tasks(1)
 
     @property
     def s2_tasks(self) -> int:
-        return self.rows * self.head_tiles * self.chunks
+        return self.tasks(2)
 
     @property
     def s3_tasks(self) -> int:
-        return self.rows * self.heads
+        return self.tasks(3)
 
     @property
     def o_tiles(self) -> int:
@@ -236,23 +327,23 @@ class K2Layout:
 
     @property
     def s4_tasks(self) -> int:
-        return self.o_tiles * WOA_PARTS
+        return self.tasks(4)
 
     @property
     def s5_tasks(self) -> int:
-        return self.rows
+        return self.tasks(5)
 
     @property
     def s6_tasks(self) -> int:
-        return WOB_TILES
+        return self.tasks(6)
 
     @property
     def s7_tasks(self) -> int:
-        return self.seam.s1_tasks
+        return self.tasks(7)
 
     @property
     def s8_tasks(self) -> int:
-        return self.rows
+        return self.tasks(8)
 
     # task -> its coordinates
     def s2_task(self, task):
@@ -269,7 +360,7 @@ class K2Layout:
         return task // WOA_PARTS, task % WOA_PARTS
 
     def s7_task(self, task):
-        """(row group of 16, column chunk of 128), K1's S1 numbering (K1Layout.s2_awaits)."""
+        """(row group of 16, column chunk of 128), K1's S1 numbering (its S2's awaits)."""
         return task // SEAM_CHUNKS, task % SEAM_CHUNKS
 
     def wob_owner(self, tile: int) -> int:
@@ -279,69 +370,50 @@ class K2Layout:
         return chunk * SEAM_CHUNK // self.owned_cols
 
     # -- sync words (int32): epoch, exit and arrival counters, then a flag per producer task --
+    def flag_base(self, stage: int) -> int:
+        """The sync word of part-one stage `stage`'s first task flag."""
+        return sched.flag_bases(self.schedule, self)[stage]
+
     @property
     def f_keys(self) -> int:
-        return FIRST_FLAG
+        return self.flag_base(1)
 
     @property
     def f_attn(self) -> int:
-        return self.f_keys + self.s1_tasks
+        return self.flag_base(2)
 
     @property
     def f_merge(self) -> int:
-        return self.f_attn + self.s2_tasks
+        return self.flag_base(3)
 
     @property
     def f_woa(self) -> int:
-        return self.f_merge + self.s3_tasks
+        return self.flag_base(4)
 
     @property
     def f_z(self) -> int:
-        return self.f_woa + self.s4_tasks
+        return self.flag_base(5)
 
     @property
     def f_seam(self) -> int:
         """S7's flags (S6 has none: its hand-off is its pushes)."""
-        return self.f_z + self.s5_tasks
+        return self.flag_base(7)
 
     @property
     def f_norm(self) -> int:
-        return self.f_seam + self.s7_tasks
+        return self.flag_base(8)
 
     @property
     def sync_words(self) -> int:
-        return self.f_norm + self.s8_tasks
+        return sched.flag_bases(self.schedule, self)[0]
 
-    # -- what each stage waits for: (first flag, count) -----------------------------------
-    # Plain arithmetic on a task, row or m: the kernel traces these on DSL values, the protocol
-    # model runs them on ints.
-    def s2_awaits(self, task):
-        """The task's row's key table."""
-        return self.f_keys + self.s2_task(task)[0], 1
+    def awaits(self, stage: int, task, m):
+        """(first flag, count) a task of part-one stage `stage` waits for in a launch of m rows."""
+        return sched.awaited_flags(self, sched.stage(self.schedule, stage), task, m)
 
-    def s3_awaits(self, task):
-        """Every chunk of the task's row and head tile."""
-        row, head = self.s3_task(task)
-        return self.f_attn + (row * self.head_tiles + head // HEAD_TILE) * self.chunks, self.chunks
-
-    def s4_awaits(self, task, m):
-        """The merges of the task's K half's 4 heads for the rows below m (contiguous)."""
-        tile, half = self.s4_task(task)
-        block = tile * TILE_N // O_LORA * WOA_PARTS + half
-        return self.f_merge + block * self.rows * MERGE_BLOCK, MERGE_BLOCK * m
-
-    def s5_awaits(self):
-        """Every wo_a task (each row needs every output of both K halves)."""
-        return self.f_woa, self.s4_tasks
-
-    def s6_awaits(self, m):
-        """S5's rows below m."""
-        return self.f_z, m
-
-    def s8_awaits(self, row):
-        """K1's S2 wait (all column chunks of the row's group) on K2's S7 flags."""
-        first, count = self.seam.s2_awaits(row)
-        return first - self.seam.f1 + self.f_seam, count
+    def row_of(self, stage: int, task):
+        """The row whose place past m skips a task of `stage` (its wait and its work)."""
+        return sched.stage(self.schedule, stage).row_of(self, task)
 
     # -- peer hand-offs: units of pairs a task writes, in the half of the launch's parity -----
     # A unit is what one task pushes to one rank: PART / RS unit src x 448 + tile (a wo_b tile's
@@ -387,57 +459,35 @@ class K2Layout:
         return range(cta, count, CTAS)
 
     def program(self, cta: int, m: int, rank: int) -> list[tuple]:
-        """CTA `cta`'s hand-offs on `rank` in one launch of m rows, in the kernel's order:
-        ("wait", first, count), ("publish", flag, 1), ("push", peer, region, unit) and
-        ("await_peers", region, first unit, count) in its own buffer's half."""
-        steps: list[tuple] = [("publish", self.f_keys + row, 1) for row in self._tasks(cta, self.s1_tasks)]
-        for task in self._tasks(cta, self.s2_tasks):
-            steps += [("wait", *self.s2_awaits(task))] if self.s2_task(task)[0] < m else []
-            steps.append(("publish", self.f_attn + task, 1))
-        for task in self._tasks(cta, self.s3_tasks):
-            steps += [("wait", *self.s3_awaits(task))] if self.s3_task(task)[0] < m else []
-            steps.append(("publish", self.f_merge + task, 1))
-        for task in self._tasks(cta, self.s4_tasks):
-            steps += [("wait", *self.s4_awaits(task, m)), ("publish", self.f_woa + task, 1)]
-        for row in self._tasks(cta, self.s5_tasks):
-            steps += [("wait", *self.s5_awaits())] if row < m else []
-            steps.append(("publish", self.f_z + row, 1))
-        for task in self._tasks(cta, self.s6_tasks):
-            steps += [("wait", *self.s6_awaits(m))] + [("push", *p) for p in self.s6_pushes(task, rank)]
-        for task in self._tasks(cta, self.s7_tasks):
-            live = self.s7_task(task)[0] * SEAM_GROUP < m
-            steps += [("await_peers", *a) for a in self.s7_peer_awaits(task, rank)] if live else []
-            steps += [("push", *p) for p in self.s7_pushes(task, rank)]
-            steps.append(("publish", self.f_seam + task, 1))
-        for row in self._tasks(cta, self.s8_tasks):
-            steps += [("wait", *self.s8_awaits(row))] if row < m else []
-            steps.append(("publish", self.f_norm + row, 1))
-        return steps
+        """CTA `cta`'s hand-offs on `rank` in one launch of m rows, in the kernel's order (both
+        from the schedule): ("wait", first, count), ("run", stage, task), ("publish", flag, 1),
+        ("push", peer, region, unit) and ("await_peers", region, first unit, count) in its own
+        buffer's half."""
+        return sched.program(self.schedule, self, cta, CTAS, m, rank)
 
-    # -- f32 scratch (words) -------------------------------------------------------------
+    # -- f32 scratch (words; F32_REGIONS) -------------------------------------------------
+    def _f32(self, name: str) -> int:
+        return sched.region_offsets(F32_REGIONS, self)[name]
+
     @property
     def attn_ml(self) -> int:
-        """[S2 tasks, 2, 16] each chunk's base-2 max and sum per head of its tile."""
-        return 0
+        return self._f32("attn_ml")
 
     @property
     def attn_acc(self) -> int:
-        """[S2 tasks, 16, 512] each chunk's unnormalised sum of 2^(s - m) v per head."""
-        return self.attn_ml + self.s2_tasks * 2 * HEAD_TILE
+        return self._f32("attn_acc")
 
     @property
     def woa_raw(self) -> int:
-        """[2 K halves, rows, o_width] wo_a's f32 halves (S5 sums them)."""
-        return self.attn_acc + self.s2_tasks * HEAD_TILE * HEAD_DIM
+        return self._f32("woa_raw")
 
     @property
     def partials(self) -> int:
-        """[rows, 56, 25] the FFN seam's mix partials (K1Layout.partials' layout)."""
-        return self.woa_raw + WOA_PARTS * self.rows * self.o_width
+        return self._f32("partials")
 
     @property
     def f32_words(self) -> int:
-        return self.partials + self.rows * SEAM_CHUNKS * PARTIALS
+        return self._f32("end")
 
     def attn_ml_at(self, task, which, head):
         """Word of S2 task `task`'s base-2 max (which 0) or sum (which 1) of its tile's head."""
@@ -463,20 +513,21 @@ class K2Layout:
         """The work buffer's size in f32 words (one f32 buffer holds all three regions)."""
         return (self.u8_at + self.bytes) // 4
 
-    # -- i32 scratch (words): the key table ------------------------------------------------
+    # -- i32 scratch (words; I32_REGIONS): the key table --------------------------------------
+    def _i32(self, name: str) -> int:
+        return sched.region_offsets(I32_REGIONS, self)[name]
+
     @property
     def key_slots(self) -> int:
-        """[rows, keys] a row's slots (SWA ones first), -1 after its keys."""
-        return 0
+        return self._i32("key_slots")
 
     @property
     def key_counts(self) -> int:
-        """[rows, 2]: a row's keys and its leading SWA keys."""
-        return self.key_slots + self.rows * self.keys
+        return self._i32("key_counts")
 
     @property
     def i32_words(self) -> int:
-        return self.key_counts + 2 * self.rows
+        return self._i32("end")
 
     # -- byte scratch ------------------------------------------------------------------
     @property
@@ -484,44 +535,40 @@ class K2Layout:
         """Token rows a GEMV's B operand reads: whole 16-token tiles (K1Layout.operand_rows)."""
         return math.ceil(self.rows / TILE_N) * TILE_N
 
+    def _byte(self, name: str) -> int:
+        return sched.region_offsets(BYTE_REGIONS, self, ROW_ALIGN)[name]
+
     @property
     def xo_codes(self) -> int:
-        """[operand_rows, heads x 512] e4m3 of the merged, inverse-RoPE'd o (wo_a's input)."""
-        return 0
+        return self._byte("xo_codes")
 
     @property
     def xo_scales(self) -> int:
-        """[operand_rows, heads x 16] its E8M0 codes."""
-        return _align(self.xo_codes + self.operand_rows * self.heads * HEAD_DIM)
+        return self._byte("xo_scales")
 
     @property
     def z_codes(self) -> int:
-        """[operand_rows, o_width] e4m3 of wo_a's bf16 output (wo_b's input)."""
-        return _align(self.xo_scales + self.operand_rows * self.heads * HEAD_DIM // MX_BLOCK)
+        return self._byte("z_codes")
 
     @property
     def z_scales(self) -> int:
-        """[operand_rows, o_width / 32]."""
-        return _align(self.z_codes + self.operand_rows * self.o_width)
+        return self._byte("z_scales")
 
     @property
     def partial(self) -> int:
-        """[rows, 7168] bf16: the rank's partial (wo_b's tiles, as they are pushed)."""
-        return _align(self.z_scales + self.operand_rows * self.o_width // MX_BLOCK)
+        return self._byte("partial")
 
     @property
     def ffn_codes(self) -> int:
-        """[operand_rows, 7168] e4m3 of the FFN seam's normed row (part two's MoE input)."""
-        return _align(self.partial + 2 * self.rows * model.HIDDEN)
+        return self._byte("ffn_codes")
 
     @property
     def ffn_scales(self) -> int:
-        """[operand_rows, 224] its E8M0 codes."""
-        return _align(self.ffn_codes + self.operand_rows * model.HIDDEN)
+        return self._byte("ffn_scales")
 
     @property
     def bytes(self) -> int:
-        return _align(self.ffn_scales + self.operand_rows * model.HIDDEN // MX_BLOCK)
+        return self._byte("end")
 
     # -- the peer buffer: two halves (epoch parity), each the attention all-reduce's region ----
     @property
