@@ -76,7 +76,8 @@ def hand_off_errors(schedule: tuple[Stage, ...], regions: tuple[Region, ...]) ->
     """What is wrong with the table's scratch hand-offs: a name that is no region, a region read
     by a stage that does not wait on the stage that last wrote it (or that nothing wrote before
     it), a region nothing writes."""
-    names, writer, errors = {r.name for r in regions}, {}, []
+    names, errors = {r.name for r in regions}, []
+    writer: dict[str, int] = {}
     for s in schedule:
         errors += [f"S{s.number}: {n} is no region" for n in (*s.reads, *s.writes) if n not in names]
         errors += [f"S{s.number} reads {n} but waits on {s.waits_on}, not its writer {writer.get(n)}"
@@ -115,6 +116,8 @@ def region_offsets(regions: tuple[Region, ...], lay: Layout, align: int = 1) -> 
 
 def awaited_flags(lay: Layout, s: Stage, task, m):
     """(first sync word, count) a task of stage `s` waits for."""
+    if s.awaits is None:
+        raise ValueError(f"S{s.number} waits on no flags")
     first, count = s.awaits(lay, task, m)
     return lay.flag_base(s.waits_on) + first, count
 

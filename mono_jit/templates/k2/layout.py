@@ -413,7 +413,8 @@ class K2Layout:
 
     def row_of(self, stage: int, task):
         """The row whose place past m skips a task of `stage` (its wait and its work)."""
-        return sched.stage(self.schedule, stage).row_of(self, task)
+        row_of = sched.stage(self.schedule, stage).row_of
+        return None if row_of is None else row_of(self, task)
 
     # -- peer hand-offs: units of pairs a task writes, in the half of the launch's parity -----
     # A unit is what one task pushes to one rank: PART / RS unit src x 448 + tile (a wo_b tile's
