@@ -30,14 +30,8 @@ Why this decomposition:
 - NaN: clamps and amaxes use IEEE maximum / minimum (v_maximum3 / v_minimum3), so a NaN stays
   NaN into the fp8 conversion and its block's code is 254, as in the reference.
 
-Not run on hardware: there is no AMD GPU here. What CI checks is that every bucket compiles for
-gfx950, its resources fit the persistent grid, the ISA holds the scaled MFMAs, the agent-scope
-sync instructions, the trap and the NaN-propagating clamps, that the torch reference is right,
-that the address arithmetic computes the reference GEMVs through a model of the scaled MFMA
-written from vLLM's, AITER's and Triton's gfx950 code, that every GEMV access is in bounds, and
-that the sync protocol holds on a model of the grid. The MFMA's real behaviour, the fp8
-conversion's rounding (and its NaN encoding), the trap and the cross-CTA ordering on real
-hardware are unverified until tests/test_gpu.py runs on an MI355X.
+What has been verified of this kernel, and where: docs/layer.md, "What each kernel's checks
+cover".
 """
 
 from dataclasses import replace

@@ -36,12 +36,8 @@ Cross-rank hand-offs (gfx950 facts, each from code that runs there):
   launch instead of hanging the GPU, and a rank that is late (host work between K1 and K2) is
   waited for.
 
-Not run on hardware: there is no AMD GPU here. CI checks that every bucket and ratio compiles
-for gfx950 with no spills or scratch and fits the persistent grid, that the ISA holds the
-scaled MFMAs, the system-scope pair accesses and the trap, that the reference is right against
-an independent formulation, that the scratch and peer offsets stay in their buffers, and that
-the protocol holds on a model of 8 ranks. The rest is unverified until tests/test_gpu_k2.py
-runs on MI355X GPUs.
+What has been verified of this kernel, and where: docs/layer.md, "What each kernel's checks
+cover".
 """
 
 
