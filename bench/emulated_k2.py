@@ -17,9 +17,11 @@ Then, for the largest bucket run (at ratio 4 if it ran):
 
 Needs vLLM 0.33, FlyDSL and MONO_JIT_AITER_HELPERS (AITER's FlyDSL helpers, for vLLM's
 kernels). Builds are cached in the cache root (--cache-dir, else mono-jit's). The defaults
-(buckets 1 and 8, ratios 4 and 128: four pairs of 8-rank launches) take about N minutes on the
-2-core development machine under load; bucket 64 works for vLLM's K2 (its spills run in the
-emulated scratch) but takes much longer.
+(buckets 1 and 8, ratios 4 and 128: four pairs of 8-rank launches) took 506 s with the builds
+cached on the 2-core development machine at a load of 7-9, and about 5 GB of memory; a first run
+compiles 8 of vLLM's builds and 4 of ours first (minutes more). Other buckets run the same way;
+vLLM's past bucket 8 have not been run here. The layer routes among 8 reachable experts, so the
+floor is that of the experts the step routed, not moe_bandwidth.py's random-routing union.
 
     MONO_JIT_AITER_HELPERS=DIR .venv/bin/python bench/emulated_k2.py [--buckets 1,8] [--ratios 4,128]
         [--seed 1] [--cache-dir DIR] [--json]
@@ -119,6 +121,22 @@ def ours_code(spec: Any, settings: Any) -> Any:
     return K2Code.of(spec, found.hsaco, found.meta["launches"])
 
 
+def own_copies(tensors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every rank's tensors with a copy of its own of those layer_math shares between ranks (the
+    replicated gate, seams, norms, RoPE table), as each GPU holds its own: so each rank's distinct
+    bytes are counted on its own allocation."""
+    import torch
+
+    seen: set[int] = set()
+    for rank_tensors in tensors:
+        for name, t in rank_tensors.items():
+            if isinstance(t, torch.Tensor) and t.numel():
+                if t.data_ptr() in seen and t.is_contiguous():
+                    rank_tensors[name] = t = t.clone()
+                seen.add(t.data_ptr())
+    return tensors
+
+
 def run_all(buckets: list[int], ratios: list[int], seed: int, cache: Path) -> list[dict]:
     import layer_math as lm
     from cache_settings import settings_at
@@ -134,7 +152,7 @@ def run_all(buckets: list[int], ratios: list[int], seed: int, cache: Path) -> li
             prebuilt({"k1": specs.values(), "k2": specs.values()}, Path(folder), cache, helpers) as upstream:
         for ratio in ratios:
             ckpt = lm.random_checkpoint_layer(5, ratio, False, seed=seed)
-            tensors = [lm.rank_tensors(ckpt, rank, TP) for rank in range(TP)]
+            tensors = own_copies([lm.rank_tensors(ckpt, rank, TP) for rank in range(TP)])
             for bucket in buckets:
                 spec = specs[bucket, ratio]
                 rows.append(run_pair(spec, ckpt, tensors, upstream, ours_code(spec, settings), seed))

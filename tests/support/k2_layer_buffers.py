@@ -63,7 +63,7 @@ class LayerK2Buffers:
         self.spec, self.rank, self.m = spec, rank, step.residual.shape[0]
         self.lay = lay = K2MoeLayout.of(spec)
         self.layer = layer = layer_weights(tensors)
-        m, rows, heads = self.m, spec.max_tokens, model.HEADS // spec.tp
+        m, rows, heads = self.m, model.MAX_DECODE_TOKENS, model.HEADS // spec.tp  # the runner's: the widest bucket's
         csa = spec.ratio == model.CSA_RATIO
         # every tensor the weights table points at, by vLLM's field name (the codes K2 reads too)
         s_oa, s_ob = layer.attn.k2_scales()
@@ -72,7 +72,7 @@ class LayerK2Buffers:
         self.weight_tensors.update(wo_a_codes=s_oa, wo_b_codes=s_ob, sgu_codes=sgu_s, sw2_codes=sw2_s)
         self.weights = torch.tensor(weight_table(layer), dtype=torch.int64)
 
-        def rows_of(t: torch.Tensor) -> torch.Tensor:  # the runner's buffers hold the widest bucket's rows
+        def rows_of(t: torch.Tensor) -> torch.Tensor:
             out = torch.zeros((rows, *t.shape[1:]), dtype=t.dtype)
             out[:m] = t
             return out.flatten()

@@ -49,7 +49,9 @@ def k1_buffers(ckpt: lm.CheckpointLayer, step: lm.LayerStep, rank: int = RANK, t
     """The arguments `MonoRunner.forward` gives K1 (vllm/.../mono/runner.py) on TP rank `rank`,
     for `step`'s rows, of a build whose key table is `topk` wide (0: the CSA top-k). An HCA step
     (no block table) passes the runner's 4-word dummy where the block table was and the top-k
-    table's row stride where its stride was; the key table and scratch are sized for `topk`."""
+    table's row stride where its stride was, and a token-to-request table of zeros (vLLM's
+    metadata always has one; an HCA build does not read it); the key table and scratch are sized
+    for `topk`."""
     from vllm.models.deepseek_v4.amd.mono.dims import HC, HEAD_DIM, HIDDEN, INDEX_TOPK, MAX_TOKENS, Q_RANK, Dims
     from vllm.models.deepseek_v4.amd.mono.layer import EPOCH_WORDS, scratch_bytes
 
@@ -68,7 +70,7 @@ def k1_buffers(ckpt: lm.CheckpointLayer, step: lm.LayerStep, rank: int = RANK, t
     inputs = dict(res_in=step.residual, pend=step.x, post_in=step.post_mix, comb_in=step.res_mix,
                   pre_in=torch.zeros(4, dtype=torch.int32), pos=step.positions, slot=step.slot_mapping,
                   swa_idx=step.swa_indices, swa_lens=step.swa_lens, comp_bt=block_table,
-                  topk=step.topk, t2r=step.token_req)
+                  topk=step.topk, t2r=torch.zeros(m, dtype=torch.int32) if step.token_req is None else step.token_req)
     outputs = dict(res_out=out(rows, HC, HIDDEN * 2, dtype=torch.bfloat16),
                    post_out=out(rows, HC * 4, dtype=torch.float32), comb_out=out(rows, HC, HC * 4, dtype=torch.float32),
                    pre_out=out(rows, HC * 4, dtype=torch.float32),
