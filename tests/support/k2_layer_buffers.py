@@ -63,7 +63,8 @@ class LayerK2Buffers:
         self.spec, self.rank, self.m = spec, rank, step.residual.shape[0]
         self.lay = lay = K2MoeLayout.of(spec)
         self.layer = layer = layer_weights(tensors)
-        m, rows, heads = self.m, model.MAX_DECODE_TOKENS, model.HEADS // spec.tp  # the runner's: the widest bucket's
+        # the runner's state buffers hold its widest bucket's rows
+        m, rows, heads = self.m, model.MAX_DECODE_TOKENS, model.HEADS // spec.tp
         csa = spec.ratio == model.CSA_RATIO
         # every tensor the weights table points at, by vLLM's field name (the codes K2 reads too)
         s_oa, s_ob = layer.attn.k2_scales()
