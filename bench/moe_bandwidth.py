@@ -76,19 +76,28 @@ class Step:
         return self.total / HBM_BYTES_PER_S
 
 
-def step(rows: int, tp: int) -> Step:
+def k2_floor(experts: float, tp: int) -> dict[str, float]:
+    """The weight bytes K2 must read on one rank in a step whose rows chose `experts` distinct
+    routed experts, per weight with its scale codes: wo_a (groups x [1024, K]), wo_b, the
+    router's gate and bias, the routed experts' w13 / w2, the shared expert's gate_up (sgu) and
+    down (sw2), the FFN seam's hc_ffn_fn."""
     h = model.HIDDEN
     inter = model.MOE_INTERMEDIATE // tp  # routed and shared experts are split alike
-    k1, k2 = K1Layout(tp, rows), K2Layout(tp, model.CSA_RATIO, model.CSA_INDEX_TOPK, rows)
-    per_expert = mxfp4_bytes(2 * inter, h) + mxfp4_bytes(h, inter)
+    k2 = K2Layout(tp, model.CSA_RATIO, model.CSA_INDEX_TOPK, 1)
     group_k = k2.heads // k2.groups * HEAD_DIM
-    attention = (fp8_bytes(QKV, h) + fp8_bytes(k1.q_width, Q_LORA)  # K1
-                 + fp8_bytes(k2.o_width, group_k) + fp8_bytes(h, k2.o_width))  # K2 (wo_a: groups x [1024, K])
-    union = expected_union(rows)
-    return Step(rows, union, expected_union_draws(rows), union * per_expert,
-                shared=fp8_bytes(2 * inter, h) + fp8_bytes(h, inter),
-                router=model.ROUTED_EXPERTS * h * 2 + model.ROUTED_EXPERTS * 4,
-                attention=attention, mhc=2 * MIXES * STREAMS * h * 4)
+    return {"wo_a": fp8_bytes(k2.o_width, group_k), "wo_b": fp8_bytes(h, k2.o_width),
+            "router": model.ROUTED_EXPERTS * h * 2 + model.ROUTED_EXPERTS * 4,
+            "w13": experts * mxfp4_bytes(2 * inter, h), "w2": experts * mxfp4_bytes(h, inter),
+            "sgu": fp8_bytes(2 * inter, h), "sw2": fp8_bytes(h, inter), "hc_ffn_fn": MIXES * STREAMS * h * 4}
+
+
+def step(rows: int, tp: int) -> Step:
+    k1, union = K1Layout(tp, rows), expected_union(rows)
+    k2 = k2_floor(union, tp)
+    return Step(rows, union, expected_union_draws(rows), k2["w13"] + k2["w2"], shared=k2["sgu"] + k2["sw2"],
+                router=k2["router"],
+                attention=fp8_bytes(QKV, model.HIDDEN) + fp8_bytes(k1.q_width, Q_LORA) + k2["wo_a"] + k2["wo_b"],
+                mhc=2 * k2["hc_ffn_fn"])
 
 
 def main() -> None:

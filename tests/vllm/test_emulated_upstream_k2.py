@@ -12,7 +12,10 @@ them); without them the tests skip, saying so.
 Measured (2026-12-06, one CSA row, layer_math seed 1; about 2.5 minutes with the builds):
 K1 on 8 ranks 11,569,317 wave-instructions, 245,760 MFMAs, 4.3 s; K2 on 8 ranks 37,718,736
 wave-instructions, 558,080 MFMAs, 27,072 scratch instructions (its spills), 12.5 s; no fault,
-trap or deadlock, every rank's out and res_out the same bytes.
+trap or deadlock, every rank's out and res_out the same bytes. The HCA build (s1 r128, a key
+table 8192 wide) after its own K1, one key and the sink at -1e4: K2 37,620,197 wave-instructions,
+536,576 MFMAs, 45,808 scratch instructions; out 1.6e-2, res_out 8.2e-5, post_out 3.3e-5,
+comb_out 4.1e-5 on every rank (4 minutes with its builds).
 
 Its attention, read from the scratch (upstream_k2_attention.py) and held against layer_math from
 its own inputs (K1's q and key table): chunk maxima 7e-7 off the base-2 scores, sums 3.5e-7
@@ -50,13 +53,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(PROBLEM is not None, reason=P
 
 SPECS = (Spec(8, 4, 1024, 1), Spec(8, 128, 8192, 1), Spec(8, 4, 1024, 64))
 EMULATED = Spec(8, 4, 1024, 1)  # run with upstream's K1 of the same spec before it
+HCA = Spec(8, 128, 8192, 1)  # the HCA build (global keys, a key table 8192 wide), run the same way
 
 
 @pytest.fixture(scope="module")
 def entries(tmp_path_factory):
     """{(kernel, spec): cache entry} of upstream's K2 (and K1 at EMULATED), prebuilt as any
     installed plug-in is."""
-    with prebuilt({"k2": SPECS, "k1": (EMULATED,)}, tmp_path_factory.mktemp("upstream-k2"),
+    with prebuilt({"k2": SPECS, "k1": (EMULATED, HCA)}, tmp_path_factory.mktemp("upstream-k2"),
                   tmp_path_factory.mktemp("upstream-k2-cache"), HELPERS) as built:
         yield built
 
@@ -68,26 +72,28 @@ def test_upstream_k2_builds_to_the_hardware_proven_bytes(entries):
     for spec, entry in k2.items():
         assert [k.name for k in entry.meta.kernels] == [kernel_symbol("k2", spec)]
         assert (entry.meta.hsaco.sha256[:16], entry.meta.hsaco.size) == DIGESTS["k2"][spec], spec
-    k1 = entries["k1", EMULATED].meta.hsaco
-    assert (k1["sha256"][:16], k1["size"]) == DIGESTS["k1"][EMULATED]
+    for spec in (EMULATED, HCA):
+        k1 = entries["k1", spec].meta.hsaco
+        assert (k1.sha256[:16], k1.size) == DIGESTS["k1"][spec], spec
 
 
-def _run_layer(entries, single_value: bool):
-    """Upstream's K1 then K2 on 8 emulated devices sharing memory, one CSA step of one row of
-    layer_math's checkpoint (upstream_k2_run), with the reports and layer_math's decode_layer.
-    `single_value`: the row attends to one SWA key and no compressed one, with the sink at -1e4,
-    so its attention output is that key's value (no softmax weights in play)."""
+def _run_layer(entries, single_value: bool, spec: Spec = EMULATED):
+    """Upstream's K1 then K2 (builds at `spec`) on 8 emulated devices sharing memory, one step of
+    one row of layer_math's checkpoint at spec's ratio (upstream_k2_run), with the reports and
+    layer_math's decode_layer. `single_value`: the row attends to one SWA key and no compressed
+    one, with the sink at -1e4, so its attention output is that key's value (no softmax weights
+    in play)."""
     import layer_math as lm
     import upstream_k2_run as run
 
-    layer = lm.random_checkpoint_layer(5, 4, False, seed=1)
+    layer = lm.random_checkpoint_layer(5, spec.ratio, False, seed=1)
     step = lm.random_step(layer, m=1, seed=1)
     if single_value:
         step.topk[:] = -1
         step.swa_lens[:] = 1
         layer.attn_sink[:] = -1e4
-    ranks = run.rank_buffers(layer, step)
-    reports = run.run_layer(entries["k1", EMULATED], entries["k2", EMULATED], ranks)
+    ranks = run.rank_buffers(layer, step, spec.topk_width if spec.ratio == 128 else 0)
+    reports = run.run_layer(entries["k1", spec], entries["k2", spec], ranks)
     for name, report in zip(("K1", "K2"), reports):
         print(f"\nupstream {name} (8 ranks): wave_instructions {report.wave_instructions} mfma {report.mfma} "
               f"scratch {report.by_class['scratch']} seconds {report.seconds:.1f}")
@@ -136,6 +142,20 @@ def test_upstream_k2_agrees_with_layer_math_on_a_single_value(entries):
     peer memory, the FFN seam, the router and the MoE (fp4 scaled MFMAs) as the hardware computes
     them."""
     ranks, want, *_ = _run_layer(entries, single_value=True)
+    _check_against_layer_math(ranks, want)
+
+
+def test_upstream_hca_k2_agrees_with_layer_math_on_a_single_value(entries):
+    """The HCA build (ratio 128: global compressed slots, a key table 8192 wide, the runner's
+    block-table stand-in) after its own K1, as the CSA one above: the protocol completes, every
+    rank's out is the same bytes, and with the softmax weights out of play every rank's outputs
+    are within layer_math.BOUNDS."""
+    import upstream_k2_run as run
+
+    ranks, want, (_, k2_report), *_ = _run_layer(entries, single_value=True, spec=HCA)
+    assert k2_report.by_class["scratch"] > 0, "its spills ran through the emulated scratch"
+    first = run.outputs(ranks[0], 1)["out"]
+    assert all(torch.equal(run.outputs(b, 1)["out"], first) for b in ranks), "every rank's out, the same bytes"
     _check_against_layer_math(ranks, want)
 
 

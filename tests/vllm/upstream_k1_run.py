@@ -45,15 +45,21 @@ class K1Buffers:
     weights: set[str]
 
 
-def k1_buffers(ckpt: lm.CheckpointLayer, step: lm.LayerStep, rank: int = RANK) -> K1Buffers:
+def k1_buffers(ckpt: lm.CheckpointLayer, step: lm.LayerStep, rank: int = RANK, topk: int = 0) -> K1Buffers:
     """The arguments `MonoRunner.forward` gives K1 (vllm/.../mono/runner.py) on TP rank `rank`,
-    for `step`'s rows."""
+    for `step`'s rows, of a build whose key table is `topk` wide (0: the CSA top-k). An HCA step
+    (no block table) passes the runner's 4-word dummy where the block table was and the top-k
+    table's row stride where its stride was, and a token-to-request table of zeros (vLLM's
+    metadata always has one; an HCA build does not read it); the key table and scratch are sized
+    for `topk`."""
     from vllm.models.deepseek_v4.amd.mono.dims import HC, HEAD_DIM, HIDDEN, INDEX_TOPK, MAX_TOKENS, Q_RANK, Dims
     from vllm.models.deepseek_v4.amd.mono.layer import EPOCH_WORDS, scratch_bytes
 
     m = step.residual.shape[0]
     w = lm.front_tensors(ckpt, rank, TP)
     rows = MAX_TOKENS
+    hca = step.block_table is None
+    block_table = torch.zeros(4, dtype=torch.int32) if hca else step.block_table
 
     def out(*shape: int, dtype: torch.dtype) -> torch.Tensor:
         return torch.full(shape, SENTINEL, dtype=torch.uint8).view(dtype)
@@ -63,8 +69,8 @@ def k1_buffers(ckpt: lm.CheckpointLayer, step: lm.LayerStep, rank: int = RANK) -
                    kvn_w=w["kv_norm"], wqb=w["wq_b"], wqb_s=w["wq_b_scale"], cos_sin=w["cos_sin"])
     inputs = dict(res_in=step.residual, pend=step.x, post_in=step.post_mix, comb_in=step.res_mix,
                   pre_in=torch.zeros(4, dtype=torch.int32), pos=step.positions, slot=step.slot_mapping,
-                  swa_idx=step.swa_indices, swa_lens=step.swa_lens, comp_bt=step.block_table,
-                  topk=step.topk, t2r=step.token_req)
+                  swa_idx=step.swa_indices, swa_lens=step.swa_lens, comp_bt=block_table,
+                  topk=step.topk, t2r=torch.zeros(m, dtype=torch.int32) if step.token_req is None else step.token_req)
     outputs = dict(res_out=out(rows, HC, HIDDEN * 2, dtype=torch.bfloat16),
                    post_out=out(rows, HC * 4, dtype=torch.float32), comb_out=out(rows, HC, HC * 4, dtype=torch.float32),
                    pre_out=out(rows, HC * 4, dtype=torch.float32),
@@ -72,12 +78,12 @@ def k1_buffers(ckpt: lm.CheckpointLayer, step: lm.LayerStep, rank: int = RANK) -
                    normed_out=out(rows, HIDDEN * 2, dtype=torch.bfloat16),
                    qr_out=out(rows, Q_RANK * 2, dtype=torch.bfloat16),
                    swa=step.swa_cache.clone(),
-                   kt=torch.zeros(rows * Dims(TP, INDEX_TOPK).keys, dtype=torch.int32),
+                   kt=torch.zeros(rows * Dims(TP, max(topk, INDEX_TOPK)).keys, dtype=torch.int32),
                    klen=torch.zeros(2 * rows, dtype=torch.int32),
-                   scratch=torch.zeros(scratch_bytes(m, TP), dtype=torch.uint8),
+                   scratch=torch.zeros(scratch_bytes(m, TP, topk), dtype=torch.uint8),
                    epoch=torch.zeros(EPOCH_WORDS, dtype=torch.int32))
     scalars = dict(swa_stride=step.swa_page_stride, swa_block=step.swa_block, comp_block=step.comp_block,
-                   bt_stride=step.block_table.stride(0), tl=0)
+                   bt_stride=(step.topk if hca else block_table).stride(0), tl=0)
     values = {**weights, **inputs, **outputs, **scalars}
     assert set(values) == {n for n, _ in upstream_parameters(vllm_mono_dir() / "layer.py", "k1")}
     return K1Buffers(step, values, set(weights) | set(inputs))

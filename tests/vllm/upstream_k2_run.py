@@ -37,13 +37,14 @@ class RankBuffers:
     weights: set[str]
 
 
-def k2_values(ckpt: lm.CheckpointLayer, step: lm.LayerStep, k1: K1Buffers, rank: int, peers: list[torch.Tensor]
-              ) -> tuple[dict[str, Any], set[str]]:
-    """The arguments `MonoRunner.forward` gives K2 on rank `rank` after `k1` (its buffers)."""
+def k2_values(ckpt: lm.CheckpointLayer, step: lm.LayerStep, k1: K1Buffers, rank: int, peers: list[torch.Tensor],
+              w: dict[str, Any] | None = None) -> tuple[dict[str, Any], set[str]]:
+    """The arguments `MonoRunner.forward` gives K2 on rank `rank` after `k1` (its buffers); `w`
+    the rank's layer_math.rank_tensors when the caller holds them (made here otherwise)."""
     from vllm.models.deepseek_v4.amd.mono.dims import HC, HEAD_DIM, HIDDEN
 
     m = step.residual.shape[0]
-    w = lm.rank_tensors(ckpt, rank, TP)
+    w = w if w is not None else lm.rank_tensors(ckpt, rank, TP)
     v = k1.values
 
     def out(*shape: int, dtype: torch.dtype) -> torch.Tensor:
@@ -64,22 +65,25 @@ def k2_values(ckpt: lm.CheckpointLayer, step: lm.LayerStep, k1: K1Buffers, rank:
                    out=out(m, HIDDEN * 2, dtype=torch.bfloat16),
                    peers=torch.tensor([p.data_ptr() for p in peers], dtype=torch.int64))
     scalars = dict(swa_stride=step.swa_page_stride, swa_block=step.swa_block, comp_stride=step.comp_page_stride,
-                   comp_block=step.comp_block, bt_stride=step.block_table.stride(0), qk_scale=qk_scale,
+                   comp_block=step.comp_block, bt_stride=v["bt_stride"], qk_scale=qk_scale,
                    sym=peers[rank].data_ptr(), rank=rank, tl=0)
     values = {**weights, **from_k1, **outputs, **scalars}
     assert set(values) == {n for n, _ in upstream_parameters(vllm_mono_dir() / "layer.py", "k2")}, set(values)
     return values, set(weights) | {"comp"}
 
 
-def rank_buffers(ckpt: lm.CheckpointLayer, step: lm.LayerStep) -> list[RankBuffers]:
-    """Every rank's buffers for one step, the peer buffers shared."""
+def rank_buffers(ckpt: lm.CheckpointLayer, step: lm.LayerStep, topk: int = 0,
+                 tensors: list[dict[str, Any]] | None = None) -> list[RankBuffers]:
+    """Every rank's buffers for one step of builds whose key table is `topk` wide (0: the CSA
+    top-k; an HCA build's width), the peer buffers shared; `tensors` every rank's
+    layer_math.rank_tensors when the caller holds them (to run another kernel on the same)."""
     from vllm.models.deepseek_v4.amd.mono.layer import peer_half_bytes
 
     peers = [torch.zeros(2 * peer_half_bytes(TP), dtype=torch.uint8) for _ in range(TP)]
     ranks = []
     for rank in range(TP):
-        k1 = k1_buffers(ckpt, step, rank)
-        k2, weights = k2_values(ckpt, step, k1, rank, peers)
+        k1 = k1_buffers(ckpt, step, rank, topk)
+        k2, weights = k2_values(ckpt, step, k1, rank, peers, tensors[rank] if tensors else None)
         ranks.append(RankBuffers(k1, {**k2, "peer_buffer": peers[rank]}, weights))
     return ranks
 

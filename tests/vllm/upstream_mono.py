@@ -214,8 +214,8 @@ class UpstreamK2(UpstreamMono):
     kernel = "k2"
     name = template_name(kernel)
     # upstream's widest: s1 r4 spills 9 VGPR + 112 SGPR to 40 B of scratch, s1 r128 12 + 126 to 52 B,
-    # s64 r4 66 + 99 to 180 B
-    budget = Budget(scratch_bytes=180, spills=165)
+    # s8 r4 13 + 211, s8 r128 17 + 233, s64 r4 66 + 99 to 180 B
+    budget = Budget(scratch_bytes=256, spills=256)
 
 
 @contextmanager
@@ -223,8 +223,8 @@ def prebuilt(builds: dict[str, Iterable[Spec]], folder: Path, cache: Path, helpe
              ) -> Iterator[dict[tuple[str, Spec], Any]]:
     """Upstream's kernels prebuilt (`builds`: kernel -> specs) as any installed plug-in is (the
     plug-ins laid out in `folder` and put on sys.path; mono-jit's compile workers, kernarg and
-    resource checks, its cache in `cache`): {(kernel, spec): cache entry}. The plug-ins are known
-    inside the block only."""
+    resource checks, its cache in `cache`): {(kernel, spec): cache entry} of every upstream build
+    that cache holds. The plug-ins are known inside the block only."""
     import pytest
     from cache_settings import settings_at
 
@@ -243,7 +243,8 @@ def prebuilt(builds: dict[str, Iterable[Spec]], folder: Path, cache: Path, helpe
             assert not summary.failed, summary.failed
         kernel_of = {template_name(k): k for k in KERNELS}
         try:
-            yield {(kernel_of[e.meta.template], Spec.from_dict(e.meta.spec)): e for e in Store(settings).entries()}
+            yield {(kernel_of[e.meta.template], Spec.from_dict(e.meta.spec)): e for e in Store(settings).entries()
+                   if e.meta.template in kernel_of}  # the cache may hold other templates' builds
         finally:
             for module in [m for m in sys.modules if m.startswith("mono_jit_upstream_")]:
                 sys.modules.pop(module)
