@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from e2e_world import ACTIVE, KV_BLOCK
+from e2e_world import ACTIVE, KV_BLOCK, LAYERS
 from layer_math import LayerStep
 
 from mono_jit import model
@@ -70,3 +70,11 @@ def layer_step(step: dict, entry: dict) -> LayerStep:
         block_table=md["block_table"] if csa else None, entries_per_page=md["comp_block"] if csa else None,
         comp_cache=entry["comp_after"], comp_page_stride=md["comp_page_stride"], comp_block=md["comp_block"],
         route_ids=route)
+
+
+def assert_same_bits_on_every_rank(ranks: list[dict]) -> None:
+    """Every layer's outputs of every step equal rank 0's, bit for bit, on every rank."""
+    for rank in ranks[1:]:
+        for mine, theirs in zip(ranks[0]["steps"].values(), rank["steps"].values()):
+            for i in LAYERS:
+                assert all(torch.equal(a, b) for a, b in zip(mine["layers"][i]["out"], theirs["layers"][i]["out"]))

@@ -25,7 +25,7 @@ from __future__ import annotations
 import pytest
 import torch
 from composed import compose
-from e2e_ranks import layer_step, run_ranks
+from e2e_ranks import assert_same_bits_on_every_rank, layer_step, run_ranks
 from e2e_world import LAYERS, STEPS, base_checkpoint, layer_checkpoint
 from layer_math import BOUNDS, check_swa_cache, decode_layer, layer_errors
 
@@ -89,10 +89,7 @@ def test_e2e_the_steps_took_mono_jits_runner_on_every_rank(ranks):
 
 
 def test_e2e_every_rank_returns_the_same_bits(ranks):
-    for rank in ranks[1:]:
-        for mine, theirs in zip(ranks[0]["steps"].values(), rank["steps"].values()):
-            for i in LAYERS:
-                assert all(torch.equal(a, b) for a, b in zip(mine["layers"][i]["out"], theirs["layers"][i]["out"]))
+    assert_same_bits_on_every_rank(ranks)
 
 
 def test_e2e_graph_pad_rows_leave_the_caches_untouched(ranks):
