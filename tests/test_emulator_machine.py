@@ -548,3 +548,75 @@ def test_bf16_mfmas_use_the_hardwares_operand_and_result_layouts():
         D = A @ B
         want = torch.tensor([[D[4 * (lane // 16) + e, lane % 16] for e in range(4)] for lane in range(LANES)])
         assert torch.equal(got[:, form].double(), want), f"form {form}: {(got[:, form].double() - want).abs().max()}"
+
+
+# A time-bounded wait, as K2's cross-rank polls are (kernarg: flags, limit in s_memrealtime ticks):
+# wait for flags[0] != 0, then store flags[1] = 1; s_trap 2 once the wait has lasted `limit` ticks.
+TIMED_WAIT_BODY = """
+  s_load_dwordx2 s[4:5], s[0:1], 0x0
+  s_load_dword s3, s[0:1], 0x8
+  v_mov_b32 v1, 0
+  v_mov_b32 v2, 1
+  s_memrealtime s[12:13]
+  s_waitcnt lgkmcnt(0)
+.Lpoll:
+  global_load_dword v4, v1, s[4:5] sc0 sc1
+  s_waitcnt vmcnt(0)
+  v_readfirstlane_b32 s7, v4
+  s_cmp_eq_u32 s7, 0
+  s_cbranch_scc0 .Lseen
+  s_memrealtime s[8:9]
+  s_waitcnt lgkmcnt(0)
+  s_sub_u32 s10, s8, s12
+  s_subb_u32 s11, s9, s13
+  s_cmp_lg_u32 s11, 0
+  s_cbranch_scc1 .Lexpired
+  s_cmp_gt_u32 s10, s3
+  s_cbranch_scc1 .Lexpired
+  s_sleep 1
+  s_branch .Lpoll
+.Lexpired:
+  s_trap 2
+.Lseen:
+  global_store_dword v1, v2, s[4:5] offset:4 sc0 sc1
+  s_endpgm
+"""
+
+
+def _wait_for_another_writer(limit_seconds: float, write_after: float | None) -> tuple[float, torch.Tensor]:
+    """TIMED_WAIT_BODY on a machine with external writers; a thread (standing for a peer process)
+    sets the flag `write_after` seconds in (never if None). Returns (seconds the launch took, flags)."""
+    import threading
+    import time
+
+    flags = torch.zeros(2, dtype=torch.int32)
+    machine = Machine()
+    machine.external_writers = True
+    machine.register(flags, "flags")
+    code = _code(TIMED_WAIT_BODY)
+    timer = threading.Timer(write_after, flags.__setitem__, (0, 1)) if write_after is not None else None
+    kernarg = struct.pack("<QI", flags.data_ptr(), int(limit_seconds * 100_000_000))
+    start = time.monotonic()
+    if timer:
+        timer.start()
+    try:
+        machine.launch(code, (1, 1, 1), (64, 1, 1), kernarg)
+    finally:
+        if timer:
+            timer.cancel()
+    return time.monotonic() - start, flags
+
+
+def test_a_time_bounded_wait_on_another_process_lasts_wall_time_not_idle_jumps():
+    """With external writers the device's s_memrealtime runs on in wall time while it waits (no
+    idle jumps: another process's slowness is not this device's deadlock), so a peer that writes
+    within the bound is seen, and one that does not is trapped on after the bound, not at once."""
+    _code(TIMED_WAIT_BODY)  # assembled before the clock starts
+    took, flags = _wait_for_another_writer(limit_seconds=5.0, write_after=0.5)
+    assert flags.tolist() == [1, 1] and took >= 0.5, took
+    import time
+
+    start = time.monotonic()
+    with pytest.raises(EmulatorFault, match=r"s_trap 2"):
+        _wait_for_another_writer(limit_seconds=0.4, write_after=None)
+    assert 0.4 <= time.monotonic() - start < 5.0

@@ -16,6 +16,7 @@ from test_k2_protocol import World, needs
 from mono_jit.templates.k1.layout import CTAS, TILE_N
 from mono_jit.templates.k2.layout import K2Layout
 from mono_jit.templates.k2.moe_layout import DOWN_TILES, TOPK, K2MoeLayout
+from mono_jit.spec import STANDARD_MAX_TOKENS
 from mono_jit.templates.sync_area import EPOCH_WORD
 
 EXPERTS = 384
@@ -234,3 +235,18 @@ def test_part_twos_scratch_regions_are_disjoint_and_inside_the_work_buffer(ratio
                       (lay.rh_scales, lay.pick_rows * inter // 32)], 0, lay.bytes)
     assert lay.u8_at + lay.bytes == 4 * lay.work_words and lay.u8_at % 256 == 0
     assert lay.pick_rows >= lay.picks and lay.union_max == min(384, TOPK * rows)
+
+
+@pytest.mark.parametrize("rows", STANDARD_MAX_TOKENS)
+@pytest.mark.parametrize("ratio, width", [(4, 1024), (128, 8192)])
+def test_the_gate_up_parts_start_where_sixteen_byte_loads_can_read_them(ratio, width, rows):
+    """S13 and S16 read each row's gate / up parts (shared, then routed) eight f32 at a time, as two
+    16-byte buffer loads whose index is the word offset divided by 4 (rounded down): every row of
+    those regions must start on a whole 16 bytes, or h is computed from the columns before. At 1 row
+    the 6 routing weights before them left sgu_raw 6 words past an 8-word boundary (K2 at bucket 1
+    through vLLM's hook on the emulator: every h column was swiglu of the column 2 before it)."""
+    lay = K2MoeLayout(8, ratio, width, rows)
+    starts = [lay.sgu_raw + part * rows * 2 * lay.inter + row * 2 * lay.inter + half * lay.inter
+              for part in range(4) for row in range(rows) for half in range(2)]
+    starts += [lay.gu + pick * 2 * lay.inter + half * lay.inter for pick in range(lay.picks) for half in range(2)]
+    assert all(start % 4 == 0 for start in starts), sorted({start % 4 for start in starts})

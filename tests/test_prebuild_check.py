@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cache_settings import settings_at
+from cache_settings import joined_grid, settings_at
 from mono_jit import api
 from mono_jit.cli import main
 from mono_jit.deployment import default_templates
@@ -48,11 +48,7 @@ def _lean_check(root: Path, *args: str, **settings: str) -> subprocess.Completed
 @pytest.fixture
 def grid_cache(k1_cache, k2_cache, tmp_path) -> Path:
     """The deployment's whole default grid (k1 and k2, TP8, 1M context, every bucket) in one cache."""
-    root = tmp_path / "grid"
-    shutil.copytree(k1_cache, root, symlinks=True)
-    shutil.copytree(k2_cache / "v1" / "gfx950", root / "v1" / "gfx950", dirs_exist_ok=True)  # entries, records
-    os.chmod(root, 0o700)
-    return root
+    return joined_grid(k1_cache, k2_cache, tmp_path / "grid")
 
 
 def _files(root: Path) -> dict[str, float]:

@@ -1600,13 +1600,24 @@ def run_wave(P, w, S, V, VF, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL,
     WS[w, WS_PC] = i
 
 
+@njit(cache=True)
+def all_blocked(WS):
+    """Every live wave is parked (s_sleep) or at a barrier: none runs until a store arrives."""
+    for w in range(WS.shape[0]):
+        if WS[w, WS_STATUS] == RUNNING:
+            return False
+    return True
+
+
 @njit(cache=True, error_model="numpy")
 def run(P, S, V, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, budget, external):
     """Round-robin over every wave until all end, one faults, none can progress, or `budget`
     wave-instructions ran. A pass in which no wave stored, ended or reached a barrier is idle:
     the emulated clock jumps ahead (so time-bounded waits expire) and parked waves poll again;
-    IDLE_ROUNDS idle passes in a row are a deadlock (or, with `external` writers in another
-    process, IDLE for the caller to wait on)."""
+    IDLE_ROUNDS idle passes in a row are a deadlock. With `external` writers (another process
+    stores into registered memory) an idle pass in which every live wave is parked or at a
+    barrier returns IDLE at once and the clock does not jump: the caller waits in wall time and
+    advances the clock by it."""
     VF = V.view(np.float32)
     TF = T.view(np.float32)
     waves = WS.shape[0]
@@ -1633,9 +1644,13 @@ def run(P, S, V, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, b
         if ran > budget:
             return BUDGET
         if CTL[C_STORES] == stores and CTL[C_EVENTS] == events:
+            if external:  # only another process's store (or the wall clock) can free a blocked wave
+                if all_blocked(WS):
+                    return IDLE
+                continue
             CTL[C_IDLE] += 1
             if CTL[C_IDLE] > IDLE_ROUNDS:
-                return IDLE if external else DEADLOCKED
+                return DEADLOCKED
             for d in range(CLOCK.shape[0]):
                 CLOCK[d] += np.int64(1000) << min(CTL[C_IDLE], 40)
                 CNT[d, CNT_IDLE] += 1

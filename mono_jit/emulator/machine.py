@@ -27,6 +27,8 @@ from .ops import CLASSES
 LDS_BYTES = 160 * 1024  # gfx950's LDS per CU (MI355X: 160 KiB)
 WAVE = 64
 IDLE_WAIT_SECONDS = 30.0  # a launch polling another process's memory gives up after this long idle
+TICKS_PER_SECOND = 100_000_000  # s_memrealtime's rate: the GFX9 family's fixed 100 MHz clock (as core.py)
+POLL_BACKOFF_SECONDS = (0.001, 0.05)  # first and longest sleep between polls of another process's stores
 
 
 class EmulatorFault(EmulatorError):
@@ -119,6 +121,7 @@ class Machine:
         self.devices = devices
         self.allocations: list[Allocation] = []
         self.external_writers = False  # another process writes registered memory (peer buffers)
+        self.external_wait_seconds = IDLE_WAIT_SECONDS  # the longest such a launch waits with no progress
 
     # -- memory -----------------------------------------------------------------------------------
     def register(self, obj: Any, name: str, writable: bool = True) -> int:
@@ -186,16 +189,20 @@ class Machine:
         start = time.perf_counter()
         idle_since = None
         while True:
+            progress = int(state.ctl[core.C_STORES] + state.ctl[core.C_EVENTS])
             result = state.run(budget)
-            if result == core.IDLE:
-                idle_since = idle_since or time.monotonic()
-                if time.monotonic() - idle_since > IDLE_WAIT_SECONDS:
-                    raise Deadlock(state.blocked_report(f"no progress for {IDLE_WAIT_SECONDS:.0f} s"))
-                time.sleep(0.001)
-                state.ctl[core.C_IDLE] = 0
-                state.ctl[core.C_EPOCH] += 1
-                continue
-            break
+            if result != core.IDLE:
+                break
+            now = time.monotonic()
+            if idle_since is None or state.ctl[core.C_STORES] + state.ctl[core.C_EVENTS] != progress:
+                idle_since, pause = now, POLL_BACKOFF_SECONDS[0]
+            if now - idle_since > self.external_wait_seconds:
+                raise Deadlock(state.blocked_report(f"no progress for {self.external_wait_seconds:.0f} s"))
+            time.sleep(pause)
+            pause = min(2 * pause, POLL_BACKOFF_SECONDS[1])
+            # the device's real-time clock runs on while it waits for the other process
+            state.clock += round((time.monotonic() - now) * TICKS_PER_SECOND)
+            state.ctl[core.C_EPOCH] += 1
         seconds = time.perf_counter() - start
         if result == core.FAULTED:
             raise EmulatorFault(state.fault_report())

@@ -21,6 +21,8 @@ from ..spec import Spec
 from ..templates import Template
 from .kernargs import DeclaredMeta, DeclaredTable, KernargError, LaunchMeta, layout, pack
 
+EXTERNAL_WAIT_MARGIN = 10.0  # seconds the emulator waits past a peer wait's bound before it calls a deadlock
+
 
 @dataclass(frozen=True)
 class Kernel:
@@ -39,6 +41,13 @@ class Backend(Protocol):
     def load(self, template: Template, spec: Spec, meta: LaunchMeta | None, hsaco: bytes | None) -> Kernel: ...
 
     def launch(self, kernel: Kernel, values: Mapping[str, Any], stream: int) -> None: ...
+
+    def expose(self, name: str, memory: Any, writable: bool) -> None:
+        """Make `memory` (a tensor the kernels reach only through an address table) reachable by
+        every launch from now on."""
+
+    def peers_elsewhere(self, wait_seconds: float) -> None:
+        """The peer buffers are written by other processes; a launch may wait `wait_seconds` for them."""
 
 
 def declared_meta(template: Template, spec: Spec) -> DeclaredMeta:
@@ -90,6 +99,12 @@ class HipBackend:
         shape = kernel.meta.launch
         self.hip.launch(kernel.handle, shape.grid, shape.block, shape.dynamic_lds, stream, pack(kernel.meta, values))
 
+    def expose(self, name: str, memory: Any, writable: bool) -> None:
+        pass  # every address the tables hold is reachable as it is
+
+    def peers_elsewhere(self, wait_seconds: float) -> None:
+        pass  # the kernel's own bounded wait is the only one
+
 
 class ReferenceBackend:
     """Runs each template's torch reference on the arguments (no GPU, no cache needed)."""
@@ -107,6 +122,12 @@ class ReferenceBackend:
     def launch(self, kernel: Kernel, values: Mapping[str, Any], stream: int) -> None:
         pack(kernel.meta, values)  # the same argument checks as a real launch
         kernel.handle(dict(values), kernel.spec)
+
+    def expose(self, name: str, memory: Any, writable: bool) -> None:
+        pass  # every address the tables hold is reachable as it is
+
+    def peers_elsewhere(self, wait_seconds: float) -> None:
+        pass  # the kernel's own bounded wait is the only one
 
 
 class EmulatorBackend:
@@ -132,6 +153,16 @@ class EmulatorBackend:
         if hsaco is None:
             raise KernargError(f"{template.name}: the emulator runs code objects; none was given")
         return Kernel(template.name, spec, meta, CodeObject(hsaco, kernel))
+
+    def expose(self, name: str, memory: Any, writable: bool) -> None:
+        """Registered as device memory for good (weights read-only: a write into one faults)."""
+        self.machine.register_new(memory, name, writable)
+
+    def peers_elsewhere(self, wait_seconds: float) -> None:
+        """One device per process: a launch waits on the other processes' stores in wall time,
+        and gives up (Deadlock) only a little after the kernel's own bounded wait would trap."""
+        self.machine.external_writers = True
+        self.machine.external_wait_seconds = wait_seconds + EXTERNAL_WAIT_MARGIN
 
     def launch(self, kernel: Kernel, values: Mapping[str, Any], stream: int) -> None:
         kernarg = pack(kernel.meta, values)

@@ -44,13 +44,14 @@ from ..resolution import capturing
 from ..spec import STANDARD_MAX_TOKENS, bucket_for
 from ..templates import get
 from ..templates.k2.addressing import RECORD_CHUNK
+from ..templates.k2.layout import STATE_TABLE, WEIGHT_TABLE
 from ..templates.k2.moe_layout import TOPK
 from .agree import agree
 from .backends import Backend, Kernel, backend as make_backend
 from .host_memory import HostSharedMemory, host_tensor
 from .kernels import LAYER_TEMPLATES, GridEntry, layer_grid, load_grid
 from .peer import DeviceBuffer, exchange
-from .tables import state_table, weight_table
+from .tables import Entry, addresses, state_entries, weight_entries
 from .weights import MonoLayerWeights
 
 log = logging.getLogger("mono_jit.runtime")
@@ -181,6 +182,7 @@ class MonoRunner:
         self._launches: dict[tuple[str, int, int], GridEntry] = {}
         self._layer_tables: dict[int, tuple[MonoLayerWeights, torch.Tensor]] = {}
         self.peer_memory: Any = None
+        self._peer_views: list[torch.Tensor] = []
         why = ""
         try:
             self.backend = backend or make_backend(self.settings.backend)
@@ -233,8 +235,9 @@ class MonoRunner:
                              "pre_out": empty(rows, STREAMS)} for _ in range(2)]
         self.ffn_norm_out = empty(rows, H, dtype=bf16)
         self.hca_topk = torch.full((rows * self.hca_width,), -1, dtype=i32, device=self.device)
-        self.state_tables = [self._table(state_table(self.front_out, outputs, self.ffn_norm_out))
-                             for outputs in self.output_sets]
+        self.state_tables = [self._reached(STATE_TABLE, state_entries(self.front_out, outputs, self.ffn_norm_out),
+                                           f"set{index}", writable=True)
+                             for index, outputs in enumerate(self.output_sets)]
 
     def _empty(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return torch.empty(*shape, dtype=dtype, device=self.device)
@@ -244,6 +247,14 @@ class MonoRunner:
 
     def _table(self, addresses: list[int]) -> torch.Tensor:
         return torch.tensor(addresses, dtype=torch.int64).to(self.device)
+
+    def _reached(self, order: tuple[str, ...], entries: dict[str, Entry], owner: str, writable: bool) -> torch.Tensor:
+        """An address table of `entries` (in `order`), its tensors made reachable by the backend's
+        launches (the emulator registers them; HIP and the references need nothing)."""
+        for name, entry in entries.items():
+            if isinstance(entry, torch.Tensor):
+                self.backend.expose(f"{owner}.{name}", entry, writable)
+        return self._table(addresses(order, entries))
 
     def _exchange_peers(self, group: Any) -> str | None:
         """Each build's peer buffers, allocated and exchanged over `group` in grid order (the
@@ -266,9 +277,22 @@ class MonoRunner:
                 local = peers.local.pointer
                 self.buffers[build][b.name] = (host_tensor(local, dtype, (b.elements,)) if self.device.type == "cpu"
                                                else DeviceBuffer(local, b.elements, b.dtype))
+                if self.device.type == "cpu":  # the peers' buffers are other processes' host memory
+                    self._expose_peers(f"{build.template}{build.spec.max_tokens}r{build.spec.ratio}.{b.name}",
+                                       peers.addresses, peers.local.elements)
                 addresses = peers.addresses + [0] * (PEER_TABLE - len(peers.addresses))
                 self.buffers[build][b.peers] = self._table(addresses)
         return None
+
+    def _expose_peers(self, name: str, peer_addresses: list[int], nbytes: int) -> None:
+        """Every rank's mapping of one peer buffer, reachable by this rank's launches (K2 pushes
+        into the peers' and polls its own), written by the other ranks' processes."""
+        for peer, address in enumerate(peer_addresses):
+            view = host_tensor(address, torch.uint8, (nbytes,))
+            self._peer_views.append(view)  # the backend's registration holds the address, not the view
+            self.backend.expose(f"{name}[{peer}]", view, writable=True)
+        if self.tp > 1:
+            self.backend.peers_elsewhere(float(self.settings.peer_wait))  # type: ignore[arg-type]
 
     def _index(self) -> dict[tuple[str, int, int], GridEntry]:
         """(template, rows, ratio) -> the grid entry a step of that many rows launches, for every
@@ -296,7 +320,7 @@ class MonoRunner:
         if capturing():
             raise CaptureError(f"layer {w.attn.layer_id} first reached mono-jit's runner inside a graph capture: "
                                "its weights table is made at an eager step")
-        table = self._table(weight_table(w))
+        table = self._reached(WEIGHT_TABLE, weight_entries(w), f"layer{w.attn.layer_id}", writable=False)
         self._layer_tables[id(w)] = (w, table)
         return table
 

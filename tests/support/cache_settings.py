@@ -6,6 +6,7 @@ Kept out of conftest.py so tests import them by a name no other folder's conftes
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from mono_jit.config import Settings
@@ -19,6 +20,15 @@ def settings_at(root: Path, **extra: str) -> Settings:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("MONO_JIT_")}
     environ.update(MONO_JIT_CACHE_DIR=str(root), **extra)
     return Settings(environ)
+
+
+def joined_grid(k1_cache: Path, k2_cache: Path, root: Path) -> Path:
+    """The deployment's whole default grid (k1 and k2, TP8, 1M context, every bucket) in one cache
+    at `root`, from the session's K1 and K2 caches."""
+    shutil.copytree(k1_cache, root, symlinks=True)
+    shutil.copytree(k2_cache / "v1" / "gfx950", root / "v1" / "gfx950", dirs_exist_ok=True)  # entries, records
+    os.chmod(root, 0o700)
+    return root
 
 
 def cached_builds(root: Path, key) -> dict:

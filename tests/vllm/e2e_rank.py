@@ -29,7 +29,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "support")]
 os.environ["VLLM_TARGET_DEVICE"] = "cpu"
-os.environ["MONO_JIT_BACKEND"] = "reference"
+os.environ.setdefault("MONO_JIT_BACKEND", "reference")  # the test sets "emulator" for the code objects
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -200,12 +200,23 @@ def run_steps(layers: dict, cfg, stand_ins: StandIns, rank: int, record: bool,
                                                       for t in (residual, post_mix, res_mix))),
                                  swa_before=swa_before, swa_after=flat(attn.swa_cache_layer.kv_cache).clone(),
                                  comp_after=flat(attn.kv_cache).clone(), selected=list(stand_ins.selected),
-                                 metadata=snapshot(md, layer, rows))
+                                 metadata=snapshot(md, layer, rows), k2_hand_offs=k2_hand_offs(attn, rows))
                 step["layers"][index] = entry
                 x, residual, post_mix, res_mix = out
         results.append(step)
         log(rank, f"step {s} ({plan.rows} rows, {plan.mode}) done")
     return results
+
+
+def k2_hand_offs(attn, rows: int) -> dict:
+    """What K2 left in the runner's buffers for the layer's step (copies): its FFN seam's x_norm
+    and its work buffer (K2MoeLayout's regions: routing, the experts' and shared expert's sums)."""
+    from vllm.models.deepseek_v4.amd import mono_decode
+
+    runner = mono_decode._runner
+    build = runner._entry("k2", rows, attn.compress_ratio)
+    return {"x_norm": runner.ffn_norm_out[:rows].clone(), "work": runner.buffers[build]["work"].clone(),
+            "bucket": build.spec.max_tokens}
 
 
 def snapshot(md: dict, layer, rows: int) -> dict:
@@ -241,7 +252,7 @@ def replay_under_capture(layers: dict, cfg, stand_ins: StandIns, md_module, monk
                         (host_memory.HostSharedMemory, "malloc_uncached")):
         monkeypatch.setattr(owner, name, forbidden)
     tables = {key: table for key, (_, table) in runner._layer_tables.items()}
-    last = len(STEPS) - 1
+    last = len(eager) - 1
     replay = run_steps(layers, cfg, stand_ins, rank, record=False, indices=range(last, last + 1))[0]
     monkeypatch.undo()
     same_tables = tables.keys() == runner._layer_tables.keys() and \
@@ -287,15 +298,23 @@ def main(rank: int, port: int, out: Path) -> None:
     for layer in layers.values():
         mp.setattr(layer, "_forward_fused_post_pre", original_path)
         mp.setattr(layer, "_forward_unfused_post_pre", original_path)
-    results = run_steps(layers, cfg, stand_ins, rank, record=rank == 0)
+    steps = chosen_steps()
+    results = run_steps(layers, cfg, stand_ins, rank, record=rank == 0, indices=steps)
     runner = mono_decode._runner
-    with pytest.MonkeyPatch.context() as capture:
-        replayed = replay_under_capture(layers, cfg, stand_ins, mono_decode, capture, results, rank)
-    torch.save({"steps": results, "runner": type(runner).__module__, "declined": runner.declined, **replayed},
-               out / f"rank{rank}.pt")
+    replayed = {}
+    if os.environ.get("E2E_REPLAY", "1") == "1":
+        with pytest.MonkeyPatch.context() as capture:
+            replayed = replay_under_capture(layers, cfg, stand_ins, mono_decode, capture, results, rank)
+    torch.save({"steps": dict(zip(steps, results)), "runner": type(runner).__module__, "declined": runner.declined,
+                "backend": runner.backend.name, **replayed}, out / f"rank{rank}.pt")
     log(rank, "done")
     ps.destroy_model_parallel()
     ps.destroy_distributed_environment()
+
+
+def chosen_steps() -> range:
+    """The steps of STEPS to run: E2E_STEPS of them from the first (the test's choice), else all."""
+    return range(int(os.environ.get("E2E_STEPS", len(STEPS))))
 
 
 def own_fields(ckpt, rank: int) -> dict:

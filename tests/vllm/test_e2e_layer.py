@@ -22,80 +22,28 @@ vLLM's original layer path, whose use fails the run.
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-from e2e_world import ACTIVE, KV_BLOCK, LAYERS, STEPS, base_checkpoint, layer_checkpoint
 from composed import compose
-from layer_math import BOUNDS, LayerStep, check_swa_cache, decode_layer, layer_errors
+from e2e_ranks import assert_same_bits_on_every_rank, layer_step, run_ranks
+from e2e_world import LAYERS, STEPS, base_checkpoint, layer_checkpoint
+from layer_math import BOUNDS, check_swa_cache, decode_layer, layer_errors
 
-from mono_jit import model
-
-HERE = Path(__file__).resolve().parent
-RANKS = 8
 TIMEOUT = 1500  # seconds for the 8 processes; they take about 3 minutes on 2 busy cores
 
 pytestmark = pytest.mark.slow  # eight vLLM processes: every test here waits for them
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
-    """The 8 rank processes' records (e2e_rank.py), after they all ended."""
-    out = tmp_path_factory.mktemp("e2e")
-    port = _free_port()
-    logs = [open(out / f"rank{r}.log", "w") for r in range(RANKS)]
-    procs = [subprocess.Popen([sys.executable, str(HERE / "e2e_rank.py"), str(r), str(port), str(out)],
-                              stdout=logs[r], stderr=subprocess.STDOUT) for r in range(RANKS)]
-    try:
-        codes = [p.wait(timeout=TIMEOUT) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-        for f in logs:
-            f.close()
-    failed = [r for r, code in enumerate(codes) if code != 0]
-    if failed:
-        tail = (out / f"rank{failed[0]}.log").read_text()[-4000:]
-        pytest.fail(f"ranks {failed} failed; rank {failed[0]}'s log ends:\n{tail}")
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(RANKS)]
+    """The 8 rank processes' records (e2e_rank.py, reference backend, every step and the replay)."""
+    return run_ranks(tmp_path_factory.mktemp("e2e"), TIMEOUT, MONO_JIT_BACKEND="reference")
 
 
 @pytest.fixture(scope="module")
 def checkpoints() -> dict:
     base = base_checkpoint()
     return {i: layer_checkpoint(base, i) for i in LAYERS}
-
-
-def layer_step(step: dict, entry: dict) -> LayerStep:
-    """layer_math's view of what one layer got from vLLM's hook (rank 0's record)."""
-    md, (x, residual, post_mix, res_mix) = entry["metadata"], entry["inputs"]
-    rows, first = step["plan"].rows, residual is None
-    topk = md["topk"]
-    csa = md["comp_block"] == KV_BLOCK // model.CSA_RATIO  # records a compressed page: 64 CSA, 2 HCA
-    if not csa:  # HCA: the live rows' slots at vLLM's active width, -1 for pad rows
-        assert topk.shape[1] == ACTIVE
-        padded = torch.full((rows, topk.shape[1]), -1, dtype=torch.int32)
-        padded[:topk.shape[0]] = topk
-        topk = padded
-    route = md["route_ids"][step["input_ids"][:rows].long()] if md["route_ids"] is not None else None
-    return LayerStep(
-        x=None if first else x, residual=x if first else residual, post_mix=post_mix, res_mix=res_mix,
-        positions=step["positions"], slot_mapping=md["slot_mapping"], swa_cache=entry["swa_before"],
-        swa_page_stride=md["swa_page_stride"], swa_block=md["swa_block"], swa_indices=md["swa_indices"],
-        swa_lens=md["swa_lens"], topk=topk, token_req=md["token_req"] if csa else None,
-        block_table=md["block_table"] if csa else None, entries_per_page=md["comp_block"] if csa else None,
-        comp_cache=entry["comp_after"], comp_page_stride=md["comp_page_stride"], comp_block=md["comp_block"],
-        route_ids=route)
 
 
 CASES = [(s, i) for s in range(len(STEPS)) for i in LAYERS]
@@ -137,14 +85,11 @@ def test_e2e_the_runner_returns_its_references_composed_bit_for_bit(ranks, check
 def test_e2e_the_steps_took_mono_jits_runner_on_every_rank(ranks):
     for rank, record in enumerate(ranks):
         assert record["runner"] == "mono_jit.runtime.runner" and record["declined"] is None, rank
-    assert {i for s in ranks[0]["steps"] for i in s["layers"]} == set(LAYERS)
+    assert {i for s in ranks[0]["steps"].values() for i in s["layers"]} == set(LAYERS)
 
 
 def test_e2e_every_rank_returns_the_same_bits(ranks):
-    for rank in ranks[1:]:
-        for mine, theirs in zip(ranks[0]["steps"], rank["steps"]):
-            for i in LAYERS:
-                assert all(torch.equal(a, b) for a, b in zip(mine["layers"][i]["out"], theirs["layers"][i]["out"]))
+    assert_same_bits_on_every_rank(ranks)
 
 
 def test_e2e_graph_pad_rows_leave_the_caches_untouched(ranks):
@@ -161,7 +106,7 @@ def test_e2e_a_replay_allocates_nothing_and_reuses_the_buffers(ranks):
     """The last step run again as a FULL graph's capture runs it (the runner's allocation, load
     and compile paths raise): the same outputs, in the same buffers, with the same layer tables."""
     for record in ranks:
-        last = record["steps"][-1]
+        last = record["steps"][len(STEPS) - 1]
         assert record["same_buffers"] and record["same_tables"]
         for i in LAYERS:
             assert all(torch.equal(a, b) for a, b in zip(record["replay"]["layers"][i]["out"], last["layers"][i]["out"]))

@@ -51,6 +51,7 @@ TOPK = model.EXPERTS_PER_TOKEN  # 6
 LOGIT_EXPERTS = 8  # S9: experts a task, one a wave
 SHARED_K_PARTS = 4  # S12: K quarters
 DOWN_TILES = 8  # S17: output tiles a task, one a wave
+F32_VECTOR = 8  # f32 words load8_f32 reads at once (two 16-byte loads)
 MOE_REGIONS = {"part": "mpart", "rs": "mrs", "ag": "mag"}  # part one's region -> the MoE's twin
 
 
@@ -249,8 +250,11 @@ class K2MoeLayout(K2Layout):
 
     @property
     def sgu_raw(self) -> int:
-        """[4 K quarters, rows, 2 x inter] the shared gate / up's f32 parts."""
-        return self.route_weights + self.rows * TOPK
+        """[4 K quarters, rows, 2 x inter] the shared gate / up's f32 parts, from a whole 8 words:
+        S13 / S16 read them (and the routed gate / up after them) eight at a time as two 16-byte
+        loads (load8_f32), and a 16-byte load's word offset rounds down. After 1 row of 6 routing
+        weights an unaligned start made every h column swiglu of the column 2 before it."""
+        return -(-(self.route_weights + self.rows * TOPK) // F32_VECTOR) * F32_VECTOR
 
     @property
     def shared_raw(self) -> int:
