@@ -29,6 +29,12 @@ class DeviceBackend:
     def load(self, template: Template, spec: Spec, meta: LaunchMeta | None, hsaco: bytes | None) -> Kernel:
         return self.hip.load(template, spec, meta, hsaco)
 
+    def expose(self, name: str, memory: Any, writable: bool) -> None:
+        self.hip.expose(name, memory, writable)
+
+    def peers_elsewhere(self, wait_seconds: float) -> None:
+        self.hip.peers_elsewhere(wait_seconds)
+
     def launch(self, kernel: Kernel, values: Mapping[str, Any], stream: int) -> None:
         on_device = {name: value.to(self.device) if isinstance(value, torch.Tensor) else value
                      for name, value in values.items()}
