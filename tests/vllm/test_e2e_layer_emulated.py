@@ -69,6 +69,16 @@ def checkpoints() -> dict:
     return {i: layer_checkpoint(base, i) for i in LAYERS}
 
 
+_memo: dict[tuple, object] = {}  # what two tests of one layer both need, computed once
+
+
+def once(what: str, s, layer: int, make):
+    """`make()`'s result for (what, step, layer), computed the first time it is asked for."""
+    if (what, s, layer) not in _memo:
+        _memo[what, s, layer] = make()
+    return _memo[what, s, layer]
+
+
 def outputs(entry: dict) -> dict[str, torch.Tensor]:
     (normed, qr), = entry["selected"]  # select ran once, between K1 and K2, on K1's outputs
     out, res_out, post_out, comb_out = entry["out"]
@@ -89,7 +99,7 @@ def check_against_vllms_math(ranks, checkpoints, measured, layer: int, names: tu
     for s, record in ranks[0]["steps"].items():
         entry = record["layers"][layer]
         step = layer_step(record, entry)
-        want = decode_layer(step, checkpoints[layer])
+        want = once("layer_math", s, layer, lambda: decode_layer(step, checkpoints[layer]))
         got = {name: value for name, value in outputs(entry).items() if name in names}
         errors = layer_errors(got, want, range(record["plan"].requests))
         over = {name: e for name, e in errors.items() if not e <= BOUNDS[name]}
@@ -109,8 +119,8 @@ def check_against_the_reference_backend(ranks, checkpoints, measured, layer: int
         step = layer_step(record, entry)
         live = record["plan"].requests
         got = outputs(entry)
-        reference = compose(step, checkpoints[layer])
-        own = from_own_seam(got["res_out"][:live], step, checkpoints[layer])
+        reference = once("composed", s, layer, lambda: compose(step, checkpoints[layer]))
+        own = once("own seam", s, layer, lambda: from_own_seam(got["res_out"][:live], step, checkpoints[layer]))
         want = {"normed": reference["normed"], "qr": reference["qr"], "res_out": reference["res_out"], **own}
         for name in names:
             worst, mean = {**K1_ERRORS, **K2_ERRORS}[name]
