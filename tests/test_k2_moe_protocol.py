@@ -13,6 +13,7 @@ import random
 import pytest
 from test_k2_protocol import World, needs
 
+from mono_jit.spec import STANDARD_MAX_TOKENS
 from mono_jit.templates.k1.layout import CTAS, TILE_N
 from mono_jit.templates.k2.layout import K2Layout
 from mono_jit.templates.k2.moe_layout import DOWN_TILES, TOPK, K2MoeLayout
@@ -234,3 +235,12 @@ def test_part_twos_scratch_regions_are_disjoint_and_inside_the_work_buffer(ratio
                       (lay.rh_scales, lay.pick_rows * inter // 32)], 0, lay.bytes)
     assert lay.u8_at + lay.bytes == 4 * lay.work_words and lay.u8_at % 256 == 0
     assert lay.pick_rows >= lay.picks and lay.union_max == min(384, TOPK * rows)
+
+
+@pytest.mark.parametrize("rows", STANDARD_MAX_TOKENS)
+def test_the_f32_regions_read_eight_at_a_time_start_on_a_multiple_of_eight_words(rows):
+    """S13 and S16 read gate / up with load8_f32 (two 16-byte loads at offset // 4); S18 reads the
+    outputs after them. A region at 2 mod 4 words (bucket 1's, after route_weights' 6 words a
+    row) made every h two columns early on the emulated gfx950."""
+    lay = K2MoeLayout(8, 4, 1024, rows)
+    assert [lay.sgu_raw % 8, lay.shared_raw % 8, lay.gu % 8, lay.routed_y % 8] == [0, 0, 0, 0]

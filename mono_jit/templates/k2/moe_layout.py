@@ -249,8 +249,11 @@ class K2MoeLayout(K2Layout):
 
     @property
     def sgu_raw(self) -> int:
-        """[4 K quarters, rows, 2 x inter] the shared gate / up's f32 parts."""
-        return self.route_weights + self.rows * TOPK
+        """[4 K quarters, rows, 2 x inter] the shared gate / up's f32 parts. From here on the
+        regions start at a multiple of 8 words: S13 and S16 read them with load8_f32 (two
+        16-byte loads at offset // 4), which drops an offset's remainder mod 4 (route_weights'
+        6 words a row left bucket 1's at 2 mod 4: every h read two columns early)."""
+        return -(-(self.route_weights + self.rows * TOPK) // 8) * 8
 
     @property
     def shared_raw(self) -> int:
