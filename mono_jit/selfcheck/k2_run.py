@@ -70,7 +70,8 @@ class K2Run:
                     "sw2_shuffled": 0}
         if moe is not None:  # part two's weights (a part-one test leaves their entries 0: unread)
             self.weight_tensors.update({
-                "gate": dev(moe.gate), "bias": dev(moe.bias if moe.bias is not None else torch.zeros(moe.gate.shape[0])),
+                "gate": dev(moe.gate),
+                "bias": dev(moe.bias if moe.bias is not None else torch.zeros(moe.gate.shape[0])),
                 "w13": dev(moe.w13), "w13_s": dev(moe.w13_s), "w2": dev(moe.w2), "w2_s": dev(moe.w2_s),
                 "sgu": dev(moe.sgu), "sgu_s": dev(moe.sgu_s), "sw2": dev(moe.sw2), "sw2_s": dev(moe.sw2_s)})
         self.weights = torch.tensor([self.weight_tensors[n].data_ptr() if n in self.weight_tensors else
