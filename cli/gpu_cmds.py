@@ -36,8 +36,9 @@ def selftest(cache_dir, device, no_launch, emulate, templates, tp, ratio, max_to
     seeded inputs and compare it with its torch reference. The checks come with the package: no
     source checkout is needed. With no GPU, says so and what --emulate would check instead.
 
-    With --emulate (no GPU needed): the same launch checks on an emulated MI355X; one line (or
-    JSON object) a kernel, exit 1 if any fails. A kernel missing from the cache is compiled
+    With --emulate (no GPU needed): the same launch checks on an emulated MI355X, and K2 on 8
+    emulated ranks sharing peer memory (all four templates by default); one line (or JSON
+    object) a kernel, exit 1 if any fails. A kernel missing from the cache is compiled
     first where FlyDSL is installed (set MONO_JIT_OFFLINE=1 to check only what is there). The
     emulator is not an MI355X: see docs/emulator.md for what it proves.
     """

@@ -57,9 +57,30 @@ def test_a_kernel_missing_from_an_offline_cache_fails_and_the_others_still_run(w
     assert "offline" in kernels[1]["problem"].lower() and kernels[1]["wave_instructions"] == 0
 
 
-def test_k2_is_refused_with_the_reason(warm_cache):
-    code, _, text = _selftest(warm_cache, "--template", "k2")
-    assert code == 1 and "K2 needs 8 emulated ranks" in text and "Traceback" not in text
+@pytest.mark.slow
+def test_k2_runs_on_eight_emulated_ranks_and_is_reported_as_the_others(k2_cache, monkeypatch):
+    """HCA at bucket 1 (a hash layer: odd buckets take one) from the session's K2 cache: one
+    kernel line with its figure (out's mean error) and the 8 ranks' counters."""
+    monkeypatch.setenv("MONO_JIT_OFFLINE", "1")
+    code, out, text = _selftest(k2_cache, "--template", "k2", "--max-tokens", "1", "--ratio", "128", "--json")
+    assert code == 0, text
+    (kernel,) = json.loads(out)["kernels"]
+    assert kernel["template"] == "k2" and kernel["spec"]["topk_width"] == 8192 and kernel["ok"], kernel
+    assert kernel["measure"] == "out's mean abs error" and kernel["error"] <= kernel["bound"] == 3e-3
+    assert kernel["wave_instructions"] > 8 * 10 ** 6 and kernel["bytes_read"] > 0
+
+
+def test_k2_on_a_gpu_is_refused_with_the_reason(warm_cache, monkeypatch):
+    """One process drives one GPU: K2's 8 ranks run only emulated."""
+    from mono_jit.runtime.backends import EmulatorBackend
+
+    monkeypatch.setattr("mono_jit.cli.gpu_cmds._hip_runtime", lambda found: found.append(object()) or {})
+    monkeypatch.setattr("mono_jit.cli.gpu_cmds._device", lambda hip, index: {})
+    monkeypatch.setattr("mono_jit.cli.gpu_cmds._load_every_kernel", lambda hip, settings: {})
+    monkeypatch.setattr("mono_jit.selfcheck.device.DeviceBackend", lambda device: EmulatorBackend())
+    result = CliRunner().invoke(main, ["selftest", "--template", "k2", "--cache-dir", str(warm_cache)])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert "K2 needs 8 GPUs: its launch check runs on 8 emulated ranks, with --emulate" in result.output
 
 
 def test_selftest_on_a_gpu_runs_the_launch_checks_that_come_with_the_package(warm_cache, monkeypatch):

@@ -19,7 +19,8 @@ from ..templates import get
 if TYPE_CHECKING:
     from ..runtime.backends import Backend
 
-EMULATED_TEMPLATES = ("router", "keytable", "k1")  # K2 needs 8 ranks: not in selftest yet
+EMULATED_TEMPLATES = ("router", "keytable", "k1", "k2")
+DEVICE_TEMPLATES = ("router", "keytable", "k1")  # K2 needs 8 GPUs and their peer memory: emulated only
 
 
 @dataclass
@@ -48,13 +49,14 @@ def check_kernels(templates: Iterable[str], specs: Iterable[Spec], settings: Set
     the emulator (or on a fresh `backend()` each: the GPU's) against its reference; a failure is
     recorded, never raised."""
     from .cases import CASES
-    from .emulated import emulated_launcher
+    from .emulated import RanksLaunch, emulated_launcher
 
     names, specs = list(templates), list(specs)
-    unknown = [n for n in names if n not in EMULATED_TEMPLATES]
+    allowed = DEVICE_TEMPLATES if backend else EMULATED_TEMPLATES
+    unknown = [n for n in names if n not in allowed]
     if unknown:
-        raise MonoJitError(f"selftest launches {', '.join(EMULATED_TEMPLATES)}; not {', '.join(unknown)} (K2 needs "
-                           "8 emulated ranks, which selftest does not run yet)")
+        why = " (K2 needs 8 GPUs: its launch check runs on 8 emulated ranks, with --emulate)" if backend else ""
+        raise MonoJitError(f"selftest launches {', '.join(allowed)}; not {', '.join(unknown)}{why}")
     results = []
     for name in names:
         tpl, seen = get(name), set()
@@ -65,7 +67,8 @@ def check_kernels(templates: Iterable[str], specs: Iterable[Spec], settings: Set
             seen.add(key)
             if progress:
                 progress(f"{name} {spec.label()}")
-            launcher = functools.partial(emulated_launcher, backend=backend() if backend else None)
+            launcher = (RanksLaunch if name == "k2" else
+                        functools.partial(emulated_launcher, backend=backend() if backend else None))
             results.append(_one(name, spec, settings, seed, CASES[name], launcher))
     return results
 

@@ -13,6 +13,8 @@ from ..spec import Spec
 from ..templates.keytable.reference import key_table
 from ..templates.router.reference import route
 from .k1_world import K1Run, Mismatch, random_weights
+from .k2_ranks import K2Ranks
+from .k2_world import hash_route_ids, sparse_moe_ranks, world
 
 Launcher = Callable[..., Any]
 H = 7168
@@ -93,5 +95,22 @@ def k1_case(spec: Spec, launch: Launcher, seed: int) -> Measure:
     return Measure(error, bound, "q's mean abs error")
 
 
+def k2_case(spec: Spec, launch: Launcher, seed: int) -> Measure:
+    """K2 on 8 emulated ranks sharing peer buffers: m = min(3, bucket) rows (row 1 a graph-pad
+    row, rows past m the bucket's pad rows), HCA's top-k at the spec's width with 30 and 200
+    active keys, a sparse 384-expert MoE layer (a hash layer at odd buckets); every rank's
+    outputs against part one's and moe_reference's (K2Ranks.check); the figure is out's mean error."""
+    bucket = spec.max_tokens
+    rows = min(3, bucket)
+    route_ids = hash_route_ids(rows, seed + 5) if bucket % 2 else None
+    ranks = K2Ranks.build(world(spec.ratio, seed=seed + 1, rows=rows, width=spec.topk_width), bucket,
+                          sparse_moe_ranks(seed + 3, hash_layer=route_ids is not None), route_ids)
+    try:
+        ranks.launch(launch)
+        return Measure(ranks.check(epoch=1), 3e-3, "out's mean abs error")
+    finally:
+        ranks.peers.close()
+
+
 CASES: dict[str, Callable[[Spec, Launcher, int], Measure]] = {
-    "router": router_case, "keytable": keytable_case, "k1": k1_case}
+    "router": router_case, "keytable": keytable_case, "k1": k1_case, "k2": k2_case}

@@ -4,13 +4,14 @@ the kernarg bytes `runtime/kernargs.pack` makes, exactly as the runner launches 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 
 from ..config import Settings
 from ..resolution import resolve
 from ..runtime.backends import Backend, EmulatorBackend
+from ..runtime.kernargs import pack
 from ..spec import Spec
 from ..templates import get
 
@@ -38,3 +39,38 @@ def emulated_launcher(template: str, spec: Spec, settings: Settings,
 
     launch.backend = backend  # type: ignore[attr-defined]
     return launch
+
+
+class RanksLaunch:
+    """Launches one cached code object on several emulated devices of one machine together (the
+    ranks of a TP group: memory is shared, so peers' stores land where the others read). Each
+    rank gives its argument values and the buffers it reaches through its tables (registered
+    for the launch, weights read-only); `.backend.last_report` holds the last launch's counters."""
+
+    def __init__(self, template: str, spec: Spec, settings: Settings) -> None:
+        from ..emulator import CodeObject
+
+        tpl = get(template)
+        resolved = resolve(tpl, spec, settings=settings)
+        self.meta = resolved.meta
+        (launch,) = self.meta["launches"]
+        self.code = CodeObject(resolved.hsaco, launch["kernel"])
+        self.backend = self  # what the selftest reads the counters from, as from a backend
+        self.last_report: Any = None
+
+    def __call__(self, ranks: Sequence[tuple[Mapping[str, Any], Iterable[tuple[str, Any, bool]]]]) -> Any:
+        from ..emulator import Launch, Machine
+
+        machine = Machine(devices=len(ranks))
+        shape = self.meta["launch"]
+        launches = []
+        for device, (values, memory) in enumerate(ranks):
+            for name, tensor, writable in memory:
+                machine.register_new(tensor, name, writable)
+            for name, value in values.items():
+                if hasattr(value, "data_ptr"):
+                    machine.register_new(value, f"r{device}.{name}")
+            launches.append(Launch(self.code, tuple(shape["grid"]), tuple(shape["block"]), pack(self.meta, values),
+                                   shape["dynamic_lds"] or 0, device))
+        self.last_report = machine.launch_many(launches)
+        return self.last_report

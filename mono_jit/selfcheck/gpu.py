@@ -76,10 +76,10 @@ def load_every_kernel(hip: Any, settings: Settings) -> dict:
 
 def launch_checks(settings: Settings, templates: tuple[str, ...] | None, specs: list[Spec], device: int) -> str:
     """The package's launch checks on the GPU: a line naming every failure."""
-    from . import EMULATED_TEMPLATES, check_kernels
+    from . import DEVICE_TEMPLATES, check_kernels
     from .device import DeviceBackend
 
-    results = check_kernels(templates or EMULATED_TEMPLATES, specs, settings, backend=lambda: DeviceBackend(device))
+    results = check_kernels(templates or DEVICE_TEMPLATES, specs, settings, backend=lambda: DeviceBackend(device))
     failed = [f"{r.template} {', '.join(f'{k}={v}' for k, v in r.spec.items())}: {r.problem}"
               for r in results if not r.ok]
     if failed:

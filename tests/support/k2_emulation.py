@@ -67,15 +67,9 @@ def compile_stage_sets(spec: Spec, stage_sets: Sequence[Iterable[int]]) -> list[
 def register(machine: Machine, run: K2Run, prefix: str) -> dict:
     """Every buffer `run` hands the kernel, directly or through its address tables, as device
     memory (weights read-only); returns the argument values registered (launch with these)."""
-    for name, tensor in run.weight_tensors.items():
-        machine.register_new(tensor, f"{prefix}.{name}", writable=False)
-    for name, tensor in {**run.state_tensors, **run.step}.items():
-        machine.register_new(tensor, f"{prefix}.{name}")
-    values = run.arguments()
-    for name, value in values.items():
-        if isinstance(value, torch.Tensor):
-            machine.register_new(value, f"{prefix}.{name}")
-    return values
+    for name, tensor, writable in run.device_memory():
+        machine.register_new(tensor, f"{prefix}.{name}", writable)
+    return run.arguments()
 
 
 def run_on_one_device(code: K2Code, run: K2Run) -> LaunchReport:
@@ -105,6 +99,15 @@ def sparse_moe(live: Sequence[int], seed: int = 3) -> layer_math.Global:
     bias = torch.randn(EXPERTS, generator=g) * 0.1
     bias[list(live)] += 50.0
     return layer_math._moe_weights(g, EXPERTS, live, bias)
+
+
+def bf16_flips(got: torch.Tensor, want: torch.Tensor, name: str, share: float = 1e-3) -> None:
+    """got equals want but for at most `share` of the values, each off by one bf16 ulp (an f32
+    sum in another order rounding to the neighbour)."""
+    error = (got.float() - want.float()).abs()
+    ulp = torch.exp2(torch.floor(torch.log2(want.float().abs().clamp_min(2.0 ** -126))) - 7)
+    assert (error <= ulp).all(), f"{name}: more than a bf16 ulp off (worst {error.max().item():.3g})"
+    assert int((error > 0).sum()) <= share * error.numel(), f"{name}: {int((error > 0).sum())} values off"
 
 
 def rank_moe_weights(w: layer_math.Global, rank: int) -> moe.MoeWeights:
