@@ -53,8 +53,8 @@ class RanksLaunch:
         tpl = get(template)
         resolved = resolve(tpl, spec, settings=settings)
         self.meta = resolved.meta
-        (launch,) = self.meta["launches"]
-        self.code = CodeObject(resolved.hsaco, launch["kernel"])
+        (launch,) = self.meta.launches
+        self.code = CodeObject(resolved.hsaco, launch.kernel)
         self.backend = self  # what the selftest reads the counters from, as from a backend
         self.last_report: Any = None
 
@@ -62,7 +62,7 @@ class RanksLaunch:
         from ..emulator import Launch, Machine
 
         machine = Machine(devices=len(ranks))
-        shape = self.meta["launch"]
+        shape = self.meta.launch
         launches = []
         for device, (values, memory) in enumerate(ranks):
             for name, tensor, writable in memory:
@@ -70,7 +70,7 @@ class RanksLaunch:
             for name, value in values.items():
                 if hasattr(value, "data_ptr"):
                     machine.register_new(value, f"r{device}.{name}")
-            launches.append(Launch(self.code, tuple(shape["grid"]), tuple(shape["block"]), pack(self.meta, values),
-                                   shape["dynamic_lds"] or 0, device))
+            launches.append(Launch(self.code, shape.grid, shape.block, pack(self.meta, values),
+                                   shape.dynamic_lds or 0, device))
         self.last_report = machine.launch_many(launches)
         return self.last_report
