@@ -27,11 +27,11 @@ def test_a_placeholder_of_another_dtype_or_kind_is_refused():
 
     declared = (Argument.tensor("x", "bfloat16", ""), Argument.i32("m", ""))
     checks.match_placeholders("t", declared, (torch.empty(4, dtype=torch.bfloat16), 3))
-    with pytest.raises(TemplateError, match="placeholder of x is float32, arguments\(\) declares a bfloat16"):
+    with pytest.raises(TemplateError, match=r"placeholder of x is float32, arguments\(\) declares a bfloat16"):
         checks.match_placeholders("t", declared, (torch.empty(4), 3))
-    with pytest.raises(TemplateError, match="placeholder of m is a Tensor, arguments\(\) declares an i32"):
+    with pytest.raises(TemplateError, match=r"placeholder of m is a Tensor, arguments\(\) declares an i32"):
         checks.match_placeholders("t", declared, (torch.empty(4, dtype=torch.bfloat16), torch.empty(1)))
-    with pytest.raises(TemplateError, match="1 placeholders, arguments\(\) declares 2"):
+    with pytest.raises(TemplateError, match=r"1 placeholders, arguments\(\) declares 2"):
         checks.match_placeholders("t", declared, (3,))
 
 
