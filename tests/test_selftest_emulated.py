@@ -74,9 +74,9 @@ def test_k2_on_a_gpu_is_refused_with_the_reason(warm_cache, monkeypatch):
     """One process drives one GPU: K2's 8 ranks run only emulated."""
     from mono_jit.runtime.backends import EmulatorBackend
 
-    monkeypatch.setattr("mono_jit.cli.gpu_cmds._hip_runtime", lambda found: found.append(object()) or {})
-    monkeypatch.setattr("mono_jit.cli.gpu_cmds._device", lambda hip, index: {})
-    monkeypatch.setattr("mono_jit.cli.gpu_cmds._load_every_kernel", lambda hip, settings: {})
+    monkeypatch.setattr("mono_jit.selfcheck.gpu.hip_runtime", lambda found: found.append(object()) or {})
+    monkeypatch.setattr("mono_jit.selfcheck.gpu.device_fits", lambda hip, index: {})
+    monkeypatch.setattr("mono_jit.selfcheck.gpu.load_every_kernel", lambda hip, settings: {})
     monkeypatch.setattr("mono_jit.selfcheck.device.DeviceBackend", lambda device: EmulatorBackend())
     result = CliRunner().invoke(main, ["selftest", "--template", "k2", "--cache-dir", str(warm_cache)])
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output

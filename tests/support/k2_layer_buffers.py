@@ -18,6 +18,7 @@ import layer_math as lm
 from mono_jit import model
 from mono_jit.runtime.tables import weight_table
 from mono_jit.runtime.weights import AttnWeights, MonoLayerWeights
+from mono_jit.selfcheck.k2_run import K2Run
 from mono_jit.spec import Spec
 from mono_jit.templates.k2.layout import STATE_TABLE
 from mono_jit.templates.k2.moe_layout import K2MoeLayout
@@ -112,6 +113,8 @@ class LayerK2Buffers:
         self.mailbox = peers[rank]
         self.peers = torch.tensor([p.data_ptr() for p in peers], dtype=torch.int64)
         self.route_ids = torch.zeros(m * 6, dtype=torch.int32)
+
+    device_memory = K2Run.device_memory  # the same buffers, by the same names
 
     def arguments(self) -> dict[str, Any]:
         """The K2 template's argument names -> values, as the runner's k2_arguments gives them."""
