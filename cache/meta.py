@@ -9,8 +9,7 @@ entry's own bytes (``Entry.meta_json``) are what export and import copy, so noth
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from mono_jit.errors import MonoJitError
 from mono_jit.kernel_info import KernelArg, KernelInfo
@@ -25,16 +24,14 @@ class MetaError(MonoJitError, ValueError):
     """A parsed meta.json that does not fit the entry format; the message names the field."""
 
 
-@dataclass(frozen=True)
-class HsacoDigest:
+class HsacoDigest(NamedTuple):
     """The code object's size and sha256 (hex), as meta.json records them."""
 
     size: int
     sha256: str
 
 
-@dataclass(frozen=True)
-class LaunchDims:
+class LaunchDims(NamedTuple):
     """A launch's grid, block and dynamic LDS bytes (the same for every launch of an entry)."""
 
     grid: tuple[int, int, int]
@@ -54,8 +51,7 @@ class LaunchDims:
         return cls(_dim3(data["grid"]), _dim3(data["block"]), data["dynamic_lds"])
 
 
-@dataclass(frozen=True)
-class KernelLaunch:
+class KernelLaunch(NamedTuple):
     """One launch the launcher makes: the kernel's name and its dimensions."""
 
     kernel: str
@@ -69,8 +65,7 @@ class KernelLaunch:
         return cls(data["kernel"], LaunchDims.from_json(data))
 
 
-@dataclass(frozen=True)
-class StoredArgument:
+class StoredArgument(NamedTuple):
     """One launcher argument as recorded: a tensor (pointer + i32 extent), an i32 or an i64.
     `unbounded`: a tensor the kernel reaches through 64-bit addresses only (its extent slot is 0)."""
 
@@ -81,7 +76,7 @@ class StoredArgument:
     unbounded: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return self._asdict()
 
     @classmethod
     def of(cls, argument: Any) -> "StoredArgument":
@@ -93,8 +88,7 @@ class StoredArgument:
         return cls(data["name"], data["kind"], data["dtype"], data["doc"], bool(data.get("unbounded", False)))
 
 
-@dataclass(frozen=True)
-class EntryMeta:
+class EntryMeta(NamedTuple):
     """Everything meta.json records about one entry."""
 
     key: str
@@ -141,7 +135,7 @@ class EntryMeta:
             "spec": dict(self.spec),
             "build_spec": dict(self.build_spec),
             "arch": self.arch,
-            "hsaco": asdict(self.hsaco),
+            "hsaco": self.hsaco._asdict(),
             "kernels": [_kernel_json(kernel) for kernel in self.kernels],
             "launches": [launch.to_json() for launch in self.launches],
             "launch": self.launch.to_json(),
@@ -180,7 +174,7 @@ class EntryMeta:
         )
 
 
-_RESIDENCY_FIELDS = tuple(Residency.__dataclass_fields__)
+_RESIDENCY_FIELDS = Residency._fields
 
 
 def _dim3(values: list[int]) -> tuple[int, int, int]:
@@ -190,14 +184,14 @@ def _dim3(values: list[int]) -> tuple[int, int, int]:
 
 def _kernel_json(kernel: KernelInfo) -> dict[str, Any]:
     data = kernel.as_dict()
-    data["args"] = [asdict(a) for a in kernel.args]
+    data["args"] = [a._asdict() for a in kernel.args]
     data["reqd_workgroup_size"] = list(kernel.reqd_workgroup_size)
     return data
 
 
 def _kernel(data: Mapping[str, Any]) -> KernelInfo:
     """A kernel's record (the schema has checked every field but the optional required size)."""
-    fields = {name: data[name] for name in KernelInfo.__dataclass_fields__ if name in data}
+    fields = {name: data[name] for name in KernelInfo._fields if name in data}
     fields["args"] = tuple(KernelArg(a["offset"], a["size"], a["value_kind"]) for a in data["args"])
     required = fields.get("reqd_workgroup_size", ())
     fields["reqd_workgroup_size"] = tuple(required) if isinstance(required, list) else ()

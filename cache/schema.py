@@ -11,20 +11,17 @@ typed record every reader uses.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Union
+from typing import Any, Callable, Iterable, NamedTuple, Union
 
 
-@dataclass(frozen=True)
-class Leaf:
+class Leaf(NamedTuple):
     """A scalar: `what` it must be, and the test."""
 
     what: str
     test: Callable[[Any], bool]
 
 
-@dataclass(frozen=True)
-class ListOf:
+class ListOf(NamedTuple):
     """A list of `item`s: exactly `length` of them when given, else at least `least`."""
 
     item: "Shape"
@@ -32,8 +29,7 @@ class ListOf:
     least: int = 0
 
 
-@dataclass(frozen=True)
-class MapOf:
+class MapOf(NamedTuple):
     """An object with string keys, every value an `item`."""
 
     item: "Shape"

@@ -20,9 +20,8 @@ import atexit
 import json
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from .fs import make_dirs, read_regular, write_new
 
@@ -42,14 +41,17 @@ _FILE_MODE = 0o600
 _pending: dict[Path, "Counters"] = {}
 
 
-@dataclass
 class Counters:
-    """Counts of cache lookups: hits, misses, and of the misses how many compiled or failed."""
+    """Counts of cache lookups: hits, misses, and of the misses how many compiled or failed (a
+    plain class, mutable: a hit defines it, and a dataclass would cost more than the hit)."""
 
-    hits: int = 0
-    misses: int = 0
-    compiled: int = 0
-    failed: int = 0
+    __slots__ = COUNTERS
+
+    def __init__(self, hits: int = 0, misses: int = 0, compiled: int = 0, failed: int = 0) -> None:
+        self.hits, self.misses, self.compiled, self.failed = hits, misses, compiled, failed
+
+    def __repr__(self) -> str:
+        return f"Counters({', '.join(f'{k}={v}' for k, v in self.as_dict().items())})"
 
     def add(self, other: "Counters") -> None:
         for name in COUNTERS:
@@ -72,13 +74,12 @@ class Counters:
         return cls(**values)
 
 
-@dataclass
-class Totals:
+class Totals(NamedTuple):
     """What `mono-jit stats` shows: the merged counters and since when they count."""
 
-    counters: Counters = field(default_factory=Counters)
+    counters: Counters
     since: str | None = None  # ISO time of the last zeroing, None if never zeroed
-    absorbed: list[str] = field(default_factory=list)  # delta names folded in (see the module docstring)
+    absorbed: tuple[str, ...] = ()  # delta names folded in (see the module docstring)
 
 
 def _folder(base: Path) -> Path:
@@ -154,12 +155,12 @@ def _deltas(folder: Path) -> list[str]:
 def _total(folder: Path) -> Totals:
     data = _read_json(folder / TOTAL_NAME)
     if not isinstance(data, dict):
-        return Totals()
+        return Totals(Counters())
     counters = Counters.parse(data.get("counters")) or Counters()
     since = data.get("since") if isinstance(data.get("since"), str) else None
     absorbed = [n for n in data.get("absorbed", []) if isinstance(n, str)] if isinstance(data.get("absorbed"), list) \
         else []
-    return Totals(counters, since, absorbed)
+    return Totals(counters, since, tuple(absorbed))
 
 
 def read(base: Path) -> Totals:
@@ -183,7 +184,7 @@ def merge(base: Path, *, zero: bool = False) -> Totals:
     flush()
     folder = _folder(base)
     if not folder.is_dir() and not zero:
-        return Totals()
+        return Totals(Counters())
     import fcntl  # only a merge locks
 
     make_dirs(folder)
@@ -198,11 +199,11 @@ def merge(base: Path, *, zero: bool = False) -> Totals:
                 _unlink(folder / name)
         fresh = [n for n in names if n not in totals.absorbed]
         if zero:
-            totals = Totals(Counters(), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), fresh)
+            totals = Totals(Counters(), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), tuple(fresh))
         else:
             for name in fresh:
                 totals.counters.add(Counters.parse(_read_json(folder / name)) or Counters())
-            totals.absorbed = fresh
+            totals = totals._replace(absorbed=tuple(fresh))
         if fresh or zero or totals.absorbed:
             _write_atomically(folder, TOTAL_NAME, {"counters": totals.counters.as_dict(), "since": totals.since,
                                                    "absorbed": totals.absorbed}, durable=True)

@@ -24,9 +24,8 @@ import os
 import stat
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from mono_jit.config import Settings
 from mono_jit.errors import InvalidCodeObject, MonoJitError, UntrustedRoot
@@ -127,8 +126,7 @@ class CorruptEntry(MonoJitError):
     """An entry failed verification or its trust check (the store turns it into a miss)."""
 
 
-@dataclass(frozen=True)
-class Layer:
+class Layer(NamedTuple):
     root: Path
     writable: bool
     allow_shared: bool = False  # MONO_JIT_ALLOW_SHARED_ROOTS: owner and mode are not checked
@@ -141,8 +139,7 @@ class Layer:
         return self.base / arch / key[:2] / key
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(NamedTuple):
     """A published entry, verified when it was loaded."""
 
     layer: Layer

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from mono_jit.cache import Entry, Store, key_factors, cache_key
 from mono_jit.cache.digest import sha256
@@ -30,8 +29,7 @@ if TYPE_CHECKING:  # workers pulls in multiprocessing, hsaco defines records: bo
     from .workers import Outcome
 
 
-@dataclass(frozen=True)
-class BuildJob:
+class BuildJob(NamedTuple):
     template: Template
     spec: Spec
     factors: dict
@@ -100,7 +98,7 @@ class BuildJob:
             launch=LaunchDims.of(shape),
             arguments=tuple(StoredArgument.of(a) for a in arguments),
             persistent=self.template.persistent,
-            budget=dict(self.template.budget.__dict__),
+            budget=self.template.budget._asdict(),
             residency=residency,
             compile_seconds=round(result["seconds"], 3),
             created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

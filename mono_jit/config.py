@@ -7,16 +7,14 @@ so `mono-jit config` can show exactly what is in force and where it came from.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple
 
 if TYPE_CHECKING:
     from mono_jit.cache.oci.reference import Reference
 
 
-@dataclass(frozen=True)
-class Setting:
+class Setting(NamedTuple):
     """One setting: its value, the variable that sets it and where the value came from."""
 
     name: str
@@ -195,7 +193,7 @@ class Settings:
         if unknown:
             raise AttributeError(f"no such setting: {', '.join(unknown)}")
         copy = Settings.__new__(Settings)
-        copy._set({**self._items, **{name: replace(self._items[name], value=value, source="override")
+        copy._set({**self._items, **{name: self._items[name]._replace(value=value, source="override")
                                      for name, value in values.items()}})
         return copy
 

@@ -1,23 +1,22 @@
 """What a code object states of each kernel: its kernarg layout and resource use.
 
 Plain records, apart from the reader that makes them (hsaco.py), so that a cache hit can parse a
-stored entry's metadata without the code-object reader.
+stored entry's metadata without the code-object reader (NamedTuples, as every record a hit
+defines: see mono_jit/resolution.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class KernelArg:
+class KernelArg(NamedTuple):
     offset: int
     size: int
     value_kind: str
 
 
-@dataclass(frozen=True)
-class KernelInfo:
+class KernelInfo(NamedTuple):
     """One kernel's resource use and launch ABI, as the code object states it."""
 
     name: str
@@ -33,7 +32,7 @@ class KernelInfo:
     sgpr_spills: int
     wavefront_size: int
     max_workgroup_size: int
-    reqd_workgroup_size: tuple[int, ...] = field(default=())
+    reqd_workgroup_size: tuple[int, ...] = ()
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return self._asdict()

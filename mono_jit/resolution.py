@@ -20,16 +20,18 @@ grid with one settings / store / toolchain resolution.
 
 A hit imports neither torch, FlyDSL, MLIR nor the compile side (compiler, workers, the lock,
 miss.py), nor the code object records (hsaco.py: a load checks the ELF header only), and not
-glob, hashlib, logging, shutil or uuid either: a warm load in a fresh process is mostly the
-definition of the records it uses (tests/test_warm_load.py, bench/warm_load.py).
+glob, hashlib, logging, shutil or uuid either (tests/test_warm_load.py, bench/warm_load.py).
+Every record a hit defines (Spec, the entry's metadata, the store's Entry, the template's
+declarations, the toolchain, Resolved) is a NamedTuple, or a plain class where it is mutable:
+Python 3.11 generates and compiles a dataclass's methods when the class is defined, about six
+times a NamedTuple's cost, and with 27 of them that was most of a fresh process's first hit.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from mono_jit.cache import Entry, Store
 from mono_jit.cache.stats import Counters, count_in
@@ -47,8 +49,7 @@ if TYPE_CHECKING:
     from .miss import Misses
 
 
-@dataclass(frozen=True)
-class Resolved:
+class Resolved(NamedTuple):
     entry: Entry
     compiled: bool  # True when this call compiled it
 

@@ -8,8 +8,7 @@ lane per SIMD (allocated in granules of 8), at most 8 waves per SIMD, 160 KiB of
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from .errors import ResourceError
 
@@ -24,16 +23,14 @@ MAX_WAVES_PER_SIMD = 8
 LDS_PER_CU = 160 * 1024
 
 
-@dataclass(frozen=True)
-class Budget:
+class Budget(NamedTuple):
     """What a template allows beyond the hardware: scratch bytes and spilled registers."""
 
     scratch_bytes: int = 0
     spills: int = 0
 
 
-@dataclass(frozen=True)
-class Residency:
+class Residency(NamedTuple):
     """How a CTA of `block` threads occupies one CU."""
 
     waves_per_cta: int
@@ -44,7 +41,7 @@ class Residency:
     ctas_per_cu: int
 
     def as_dict(self) -> dict:
-        return self.__dict__.copy()
+        return self._asdict()
 
 
 def residency(kernel: KernelInfo, block: int, dynamic_lds: int) -> Residency:

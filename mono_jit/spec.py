@@ -8,8 +8,7 @@ of M rows runs the smallest built bucket >= M, with M a runtime argument (:func:
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 from . import model
 from .errors import SpecError
@@ -39,17 +38,26 @@ def hca_topk_width(max_model_len: int) -> int:
     return math.ceil(rows / model.HCA_TOPK_ALIGNMENT) * model.HCA_TOPK_ALIGNMENT
 
 
-@dataclass(frozen=True, order=True)
-class Spec:
-    """One specialisation of the layer's kernels."""
-
+class _SpecFields(NamedTuple):
     tp: int
     ratio: int
     topk_width: int
     max_tokens: int
     arch: str = "gfx950"
 
-    def __post_init__(self) -> None:
+
+class Spec(_SpecFields):
+    """One specialisation of the layer's kernels, validated when made. A NamedTuple (immutable,
+    ordered and hashed by its fields), as every record a cache hit defines (mono_jit/resolution.py)."""
+
+    __slots__ = ()
+
+    def __new__(cls, tp: int, ratio: int, topk_width: int, max_tokens: int, arch: str = "gfx950") -> "Spec":
+        spec = super().__new__(cls, tp, ratio, topk_width, max_tokens, arch)
+        spec._validate()
+        return spec
+
+    def _validate(self) -> None:
         tp = _require_int("tp", self.tp)
         if tp not in VALID_TP:
             raise SpecError(
@@ -76,7 +84,7 @@ class Spec:
             raise SpecError(f"arch={self.arch!r}: expected one of {', '.join(SUPPORTED_ARCHS)}")
 
     def as_dict(self) -> dict[str, object]:
-        return asdict(self)
+        return self._asdict()
 
     def project(self, fields: Iterable[str]) -> dict[str, object]:
         """The fields a template reads (always with arch): its key leaves the others out."""

@@ -16,9 +16,8 @@ import json
 import os
 import re
 import stat
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterator, Mapping, NamedTuple, Sequence
 
 from mono_jit.cache.digest import sha256
 from mono_jit.cache.fs import make_dirs, read_regular, remove, write_new
@@ -35,14 +34,12 @@ _UNSAFE_ENV = ("ARCH", "COMPILE_ONLY", "HSA_OVERRIDE_GFX_VERSION")
 _UNSAFE_ENV_PREFIXES = ("FLYDSL_",)
 
 
-@dataclass(frozen=True)
-class Linker:
+class Linker(NamedTuple):
     path: Path
     version: str  # e.g. "22.1.8"
 
 
-@dataclass(frozen=True)
-class Toolchain:
+class Toolchain(NamedTuple):
     """Resolved compile toolchain: its pieces, its fingerprint (the key factors: content digests
     and versions, never paths), and where its ROCm root is or will be staged."""
 
@@ -83,7 +80,7 @@ class ProbeMemo:
         return loaded if isinstance(loaded, dict) else {}
 
     @staticmethod
-    def signature(kind: str, files: list[Path]) -> str:
+    def signature(kind: str, files: Sequence[str | Path]) -> str:
         """The probe kind and each file's real folder, name, size, mtime and inode (stat follows
         symlinks, so these are the target's). Folders are resolved once each: a probe of the
         51 bitcode files costs one realpath and 51 stats, not 51 realpaths."""
@@ -103,7 +100,7 @@ class ProbeMemo:
             parts.append(f"{where}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}")
         return sha256("\n".join(parts).encode()).hexdigest()
 
-    def get(self, kind: str, files: list[Path], probe: Callable[[], str]) -> str:
+    def get(self, kind: str, files: Sequence[str | Path], probe: Callable[[], str]) -> str:
         """The memoised answer of `probe` while none of `files` changed (stat signature), else
         a fresh probe, remembered."""
         sig = self.signature(kind, files)
@@ -237,20 +234,22 @@ def find_bitcode(settings: Settings) -> Path:
     )
 
 
-def bitcode_files(folder: Path) -> list[Path]:
-    """The .bc files of a bitcode folder, sorted (what `folder.glob("*.bc")` finds: no hidden
-    names; one scandir instead of pathlib's pattern matching and a stat per name)."""
+def bitcode_files(folder: Path) -> list[str]:
+    """The paths of a bitcode folder's .bc files, sorted (what `folder.glob("*.bc")` finds: no
+    hidden names; one scandir, and strings: every process start stats these 51 files, and
+    making a Path of each would cost more than the stats)."""
     with os.scandir(folder) as found:
-        names = [e.name for e in found if e.name.endswith(".bc") and not e.name.startswith(".") and e.is_file()]
-    return [folder / name for name in sorted(names)]
+        paths = [e.path for e in found if e.name.endswith(".bc") and not e.name.startswith(".") and e.is_file()]
+    return sorted(paths)
 
 
 def bitcode_digest(folder: Path) -> str:
     """sha256 over (name, bytes) of every .bc file, as FlyDSL's toolkit fingerprint does."""
     digest = sha256()
     for path in bitcode_files(folder):
-        digest.update(path.name.encode() + b"\0")
-        digest.update(sha256(path.read_bytes()).digest())
+        digest.update(os.path.basename(path).encode() + b"\0")
+        with open(path, "rb") as file:
+            digest.update(sha256(file.read()).digest())
     return digest.hexdigest()
 
 

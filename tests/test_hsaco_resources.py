@@ -1,7 +1,5 @@
 """Code-object checks and the residency gate, on real and doctored inputs."""
 
-import dataclasses
-
 import pytest
 
 from cache_settings import settings_at
@@ -41,10 +39,10 @@ def test_header_rejects_other_arch_machine_and_abi(router_entry):
 
 def test_gate_rejects_with_figures(router_entry):
     (kernel,) = inspect_code_object(router_entry.hsaco, "gfx950")
-    fat = dataclasses.replace(kernel, vgpr=512, agpr=0)
+    fat = kernel._replace(vgpr=512, agpr=0)
     with pytest.raises(ResourceError, match=r"512 VGPR"):
         check(fat, block=512, grid=256, dynamic_lds=0, persistent=True, budget=Budget(), what="t")
-    spilled = dataclasses.replace(kernel, scratch=8, vgpr_spills=2)
+    spilled = kernel._replace(scratch=8, vgpr_spills=2)
     with pytest.raises(ResourceError, match=r"scratch 8 B > budget 0 B"):
         check(spilled, block=256, grid=4, dynamic_lds=0, persistent=False, budget=Budget(), what="t")
     check(spilled, block=256, grid=4, dynamic_lds=0, persistent=False, budget=Budget(8, 2), what="t")

@@ -14,7 +14,7 @@ import torch
 from cache_settings import settings_at
 from sparse_memory import GiB, sparse_bytes
 
-from mono_jit.cache.store import Store
+from mono_jit.cache.store import Entry, Store
 from mono_jit.errors import TemplateError
 from mono_jit.hsaco import read_metadata
 from mono_jit.runtime.backends import declared_meta
@@ -26,7 +26,7 @@ from mono_jit.templates import Argument, LaunchShape, Template, checks, get
 
 def entries(root):
     for entry in Store(settings_at(root)).entries():
-        assert not isinstance(entry, tuple), entry
+        assert isinstance(entry, Entry), entry
         yield entry
 
 
@@ -103,11 +103,11 @@ def test_bad_arguments_are_refused_by_name(every_template):
 def test_a_code_object_table_that_disagrees_with_the_template_is_refused(every_template):
     meta = every_template["router"].meta
     (kernel,) = meta.kernels
-    fewer = replace(meta, kernels=(replace(kernel, args=kernel.args[:-1]),))
+    fewer = meta._replace(kernels=(kernel._replace(args=kernel.args[:-1]),))
     with pytest.raises(KernargError, match="explicit arguments"):
         pack(fewer, values_for(meta.arguments))
-    first = replace(kernel.args[0], size=4, value_kind="by_value")
-    retyped = replace(meta, kernels=(replace(kernel, args=(first, *kernel.args[1:])),))
+    first = kernel.args[0]._replace(size=4, value_kind="by_value")
+    retyped = meta._replace(kernels=(kernel._replace(args=(first, *kernel.args[1:])),))
     with pytest.raises(KernargError, match="global_buffer"):
         pack(retyped, values_for(meta.arguments))
 
@@ -143,7 +143,7 @@ def test_an_i64_argument_is_eight_bytes_where_the_table_says():
     with pytest.raises(KernargError, match="expected an i64"):
         pack(meta, {"address": 2**63, "m": 1, "stride": 0})
     table = meta.kernels[0].args
-    narrow = replace(meta, kernels=(DeclaredTable((replace(table[0], size=4), *table[1:])),))
+    narrow = replace(meta, kernels=(DeclaredTable((table[0]._replace(size=4), *table[1:])),))
     with pytest.raises(KernargError, match="expected by_value/8 B"):
         pack(narrow, {"address": 1, "m": 1, "stride": 0})
 

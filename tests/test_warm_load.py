@@ -24,7 +24,13 @@ ABSENT_PREFIXES = ("flydsl", "_mlir", "mlir", "torch", "mono_jit.compiler", "mon
                    "glob")
 
 GRID = """
-import json, sys
+import dataclasses, json, sys
+defined = []  # every dataclass the warm load defines (a frozen one costs about six NamedTuples)
+process_class = dataclasses._process_class
+def record(cls, *args):
+    defined.append(f"{cls.__module__}.{cls.__qualname__}")
+    return process_class(cls, *args)
+dataclasses._process_class = record
 from mono_jit.resolution import resolve_many
 from mono_jit.spec import Spec
 pairs = [(t, Spec.from_dict(s)) for t, s in json.loads(sys.argv[1])]
@@ -35,6 +41,7 @@ print(json.dumps({
     "keys": [r.entry.key for r in resolved],
     "sizes": [len(r.hsaco) for r in resolved],
     "loaded": sorted(m for m in sys.modules if m.startswith(prefixes)),
+    "dataclasses": defined,
 }))
 """
 
@@ -51,6 +58,7 @@ def test_grid_loads_in_a_fresh_process_without_flydsl_torch_or_the_compile_side(
                          capture_output=True, text=True, check=True)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["loaded"] == []
+    assert result["dataclasses"] == [], "the hit path's records are NamedTuples (mono_jit/resolution.py)"
     assert result["compiled"] == [False] * 4
     assert len(set(result["keys"])) == 3  # router reads only max_tokens: both specs share a key
     assert all(size > 0 for size in result["sizes"])

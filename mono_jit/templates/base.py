@@ -15,9 +15,8 @@ import os
 import sys
 import time
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from mono_jit.cache.digest import sha256
 
@@ -34,18 +33,16 @@ COMMON_SOURCES = ("errors.py", "kernel_info.py", "model.py", "resources.py", "sp
 _source_digests: dict[tuple, str] = {}  # (package dir, files, their stat signatures) -> digest
 
 
-@dataclass(frozen=True)
-class LaunchShape:
+class LaunchShape(NamedTuple):
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     dynamic_lds: int = 0
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return self._asdict()
 
 
-@dataclass(frozen=True)
-class Argument:
+class Argument(NamedTuple):
     """One launcher argument, in order: a 1-D tensor (pointer + i32 length), an i32 scalar, or an
     i64 scalar (a raw device address or byte count, as kernels written for another host pass).
 
@@ -60,7 +57,7 @@ class Argument:
     unbounded: bool = False
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return self._asdict()
 
     @classmethod
     def tensor(cls, name: str, dtype: str, doc: str, unbounded: bool = False) -> "Argument":
@@ -75,8 +72,7 @@ class Argument:
         return cls(name, "i64", "int64", doc)
 
 
-@dataclass(frozen=True)
-class WorkBuffer:
+class WorkBuffer(NamedTuple):
     """A device buffer the runner owns for a template's launches of one build (one per rank).
 
     `zeroed_once`: zeroed when allocated and never written by the host again (sync areas whose
@@ -93,8 +89,7 @@ class WorkBuffer:
     peers: str = ""
 
 
-@dataclass(frozen=True)
-class Build:
+class Build(NamedTuple):
     """What Template.build returns: the @flyc.jit launcher and the placeholders to compile it with."""
 
     launcher: Any

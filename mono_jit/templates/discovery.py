@@ -13,15 +13,14 @@ from __future__ import annotations
 import os
 import re
 import sys
-from dataclasses import dataclass
+from typing import NamedTuple
 
 GROUP = "mono_jit.templates"
 _METADATA_SUFFIXES = (".dist-info", ".egg-info")
 _memo: dict[tuple[str, ...], tuple["Declaration", ...]] = {}
 
 
-@dataclass(frozen=True)
-class Declaration:
+class Declaration(NamedTuple):
     """One entry point of the group: `name = module:attribute` in `distribution`'s metadata."""
 
     name: str

@@ -34,12 +34,12 @@ def joined_grid(k1_cache: Path, k2_cache: Path, root: Path) -> Path:
 def cached_builds(root: Path, key) -> dict:
     """{key(meta.spec): (meta, hsaco, ISA listing)} of every entry in the cache at `root`
     (a session fixture's real gfx950 compiles, for the templates' static gates)."""
-    from mono_jit.cache.store import Store
+    from mono_jit.cache.store import Entry, Store
     from mono_jit.isa import disassemble, find_objdump
 
     objdump = find_objdump(Settings())
     builds = {}
     for entry in Store(settings_at(root)).entries():
-        assert not isinstance(entry, tuple), entry
+        assert isinstance(entry, Entry), entry
         builds[key(entry.meta.spec)] = (entry.meta, entry.hsaco, disassemble(entry.hsaco, objdump))
     return builds
