@@ -168,6 +168,18 @@ def test_the_kernel_waits_where_its_schedule_says():
     assert polls["table"] >= 1 and polls["waitless"] == 0, polls
 
 
+@pytest.mark.slow
+def test_the_kernel_waits_on_its_experts_gate_up_where_its_schedule_says():
+    """S16's wait on the S15 tasks of its expert's union slot, whose flags it finds by reading
+    the ids and the union's slots from the scratch, is the table's too: S15 + S16 built from K2's
+    table poll S15's flags in S16; built from a table where S16 waits on nothing they do not (and
+    tests/test_k2_moe_protocol.py fails such a table)."""
+    from k1_stages import polls_with_and_without_a_wait
+
+    polls = polls_with_and_without_a_wait(Spec(8, 4, 1024, 4), "k2", (15, 16), waitless=16)
+    assert polls["table"] >= 1 and polls["waitless"] == 0, polls
+
+
 @pytest.fixture(scope="module")
 def stage_builds():
     from k1_stages import compile_each_stage

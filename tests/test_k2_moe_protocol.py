@@ -1,14 +1,15 @@
-"""K2 with part two's stages (moe_layout.K2MoeLayout.program) on the protocol model of
-tests/test_k2_protocol.py: 8 ranks x 256 CTAs under random scheduling, launches in a row, a rank
-ahead, narrow tags that wrap, the MoE all-reduce in its own peer regions. The data each part-two
-task reads is written down here from the stages' semantics (moe_reference.py) and the routing of
-the launch, independently of the waits the program makes, so a wait one flag short shows as a
-stale read."""
+"""K2 with part two's stages (moe_layout.K2MoeLayout.program, from K2's schedule table, the one
+the kernel's stage loops run) on the protocol model of tests/test_k2_protocol.py: 8 ranks x 256
+CTAs under random scheduling, launches in a row, a rank ahead, narrow tags that wrap, the MoE
+all-reduce in its own peer regions. The data each part-two task reads is written down here from
+the stages' semantics (moe_reference.py) and the routing of the launch, independently of the
+waits the program makes, so a wait one flag short shows as a stale read."""
 
 from __future__ import annotations
 
 import functools
 import random
+from dataclasses import replace
 
 import pytest
 from test_k2_protocol import World, needs
@@ -16,8 +17,8 @@ from test_k2_protocol import World, needs
 from mono_jit.spec import STANDARD_MAX_TOKENS
 from mono_jit.templates.k1.layout import CTAS, TILE_N
 from mono_jit.templates.k2.layout import K2Layout
-from mono_jit.templates.k2.moe_layout import DOWN_TILES, TOPK, K2MoeLayout
-from mono_jit.spec import STANDARD_MAX_TOKENS
+from mono_jit.templates.k2.moe_layout import DOWN_TILES, SCHEDULE, TOPK, K2MoeLayout
+from mono_jit.templates.schedule import Wait, hand_off_errors, stage
 from mono_jit.templates.sync_area import EPOCH_WORD
 
 EXPERTS = 384
@@ -80,6 +81,8 @@ def moe_needs(lay: K2MoeLayout, consumer: tuple, m: int) -> tuple[int, ...]:
     if consumer[0] == "push":
         if consumer[2] in ("part", "rs", "ag"):  # part one's
             return needs(lay, consumer, m)
+        if consumer[2] == "mag":  # S19 on a chunk's owner: its peers' units only
+            return ()
         tile = consumer[3] % lay.s14_tasks  # S18: its shared tile, its tile of each entry's pick, the ids
         downs = _writers(lay, m)[1].get(tile, [])
         return (lay.f_sdown + tile, *(lay.f_rdown + t for t in downs), *live_top)
@@ -106,6 +109,8 @@ def moe_needs(lay: K2MoeLayout, consumer: tuple, m: int) -> tuple[int, ...]:
         return (*(lay.f_rgu + t for t in ups), lay.f_top + pick // TOPK, lay.f_union)
     if flag < lay.f_out:  # routed down: the live rows' picks of its expert, the union
         return (*range(lay.f_ract, lay.f_ract + TOPK * m), lay.f_union)
+    if flag < lay.sync_words:  # the MoE reduce: its peers' units only
+        return ()
     raise AssertionError(f"no stage waits before {consumer}")
 
 
@@ -151,68 +156,103 @@ def test_every_wait_fits_the_cta_s_threads():
     assert max(s[2] for c in (0, 7) for s in lay.program(c, 64, 0, routing(64)) if s[0] == "wait") <= 512
 
 
-def test_routed_waits_take_one_round_each():
-    """S16 waits on the union and its expert's gate/up tasks (not on every slot's), S18 on its
-    shared tile and one down task a slot (not on every down task): one wait of at most 512 flags
-    each, at the widest bucket."""
-    lay = K2MoeLayout(8, 4, 1024, 64)
+def _gate_up_flags(lay: K2MoeLayout, slot: int) -> tuple[int, int]:
+    """(first, count): the S15 tasks of union slot `slot`, every 16-column block of its expert."""
     blocks = lay.inter // TILE_N
+    return lay.f_rgu + slot * blocks, blocks
+
+
+def test_routed_waits_take_one_round_each():
+    """S16 waits on the union and its expert's gate/up tasks (not on every slot's; on none for an
+    id that chooses nothing), S18 on its shared tile and one down task a slot (not on every down
+    task): one wait of at most 512 flags each, at the widest bucket."""
+    lay = K2MoeLayout(8, 4, 1024, 64)
     for cta in range(CTAS):
         steps = lay.program(cta, 64, 0, routing(64))
         for i, step in enumerate(steps):
             if step[0] == "publish" and lay.f_ract <= step[1] < lay.f_rdown:
                 pick = step[1] - lay.f_ract
                 expert = routing(64)[pick // TOPK][pick % TOPK]
+                assert steps[i - 3] == ("wait", lay.f_union, 1) and steps[i - 1] == ("run", 16, pick)
                 if expert < 0:
-                    assert steps[i - 1] == ("wait", lay.f_union, 1)
+                    assert steps[i - 2][0] == "wait" and steps[i - 2][2] == 0
                 else:
-                    assert steps[i - 2:i] == [("wait", lay.f_union, 1), lay.s16_awaits(_slot(64, expert))]
-                    assert steps[i - 1][2] == blocks
+                    assert steps[i - 2] == ("wait", *_gate_up_flags(lay, _slot(64, expert)))
             if step[0] == "wait" and lay.f_sdown <= step[1] < lay.f_rgu:  # S18 task: its shared tile
                 task = step[1] - lay.f_sdown
-                assert steps[i + 1] == lay.s18_awaits(task) == ("wait", lay.f_rdown + task // DOWN_TILES, 384,
-                                                                 lay.s17_tasks // 384)
+                assert steps[i + 1] == ("wait", lay.f_rdown + task // DOWN_TILES, 384, lay.s17_tasks // 384)
 
 
-def _cut(program, first_flag, last_flag, cut):
-    """`program` with every wait on flags in [first_flag, last_flag) replaced by cut(wait)."""
-    def short(lay: K2MoeLayout, cta: int, m: int, rank: int) -> list:
-        return [cut(s) if s[0] == "wait" and first_flag(lay) <= s[1] < last_flag(lay) else s
-                for s in program(lay, cta, m, rank)]
-    return short
+def _mutated(lay: K2MoeLayout, stage: int, **change) -> K2MoeLayout:
+    return replace(lay, schedule=tuple(replace(s, **change) if s.number == stage else s for s in lay.schedule))
 
 
-def test_routed_act_waiting_on_one_gate_up_task_too_few_reads_a_stale_word():
-    """S16 waiting on its expert's gate/up tasks but the last, whose CTA lags: a pick's SwiGLU
-    reads the previous launch's gate/up."""
+def _gate_up_short(lay: K2MoeLayout, pick, m, data) -> tuple:
+    first, count = _S16_SLOT.flags(lay, pick, m, data)
+    return first, count - 1
+
+
+def _next_slots_gate_up(lay: K2MoeLayout, pick, m, data) -> tuple:
+    first, count = _S16_SLOT.flags(lay, pick, m, data)
+    return first + lay.inter // TILE_N, count
+
+
+def _downs_but_slot_0(lay: K2MoeLayout, task, m, data) -> tuple:
+    first, count, stride = stage(SCHEDULE, 18).then[0].flags(lay, task, m, data)
+    return first + stride, count - 1, stride
+
+
+_S16_SLOT = stage(SCHEDULE, 16).then[0]  # S16's wait on its expert's slot's gate / up tasks
+WRONG_TABLES = {  # name: (stage, its wrong fields, the lagging CTA whose task the wait misses), at 1 row
+    "S9 waits on nothing": (9, {"waits_on": None}, lambda lay: 0),
+    "S10 misses the last logits task": (10, {"awaits": lambda lay, row, m: (0, lay.s9_tasks - 1)},
+                                        lambda lay: (lay.s9_tasks - 1) % CTAS),
+    "S16 skips its slot's gate/up": (16, {"then": ()}, lambda lay: lay.inter // TILE_N - 1),
+    # the last chosen expert's slot's last gate/up task lags: a pick's SwiGLU reads the previous
+    # launch's gate/up
+    "S16 waits on one gate/up task too few": (16, {"then": (Wait(15, _gate_up_short),)},
+                                              lambda lay: (_slot(1, max(_picks(1))) + 1) * lay.inter // TILE_N - 1),
+    # the first chosen expert's first gate/up task lags
+    "S16 waits on the next slot's gate/up": (16, {"then": (Wait(15, _next_slots_gate_up),)}, lambda lay: 0),
+    "S17 waits on nothing": (17, {"waits_on": None}, lambda lay: 0),
+    "S18 skips the down tasks": (18, {"then": ()}, lambda lay: 0),
+    # S17 task 0 (slot 0, tiles 0-7) lags: the partial sums the previous launch's down output of the
+    # first chosen expert
+    "S18 skips slot 0's down task": (18, {"then": (Wait(17, _downs_but_slot_0),)}, lambda lay: 0),
+}
+
+
+@pytest.mark.parametrize("wrong", sorted(WRONG_TABLES))
+def test_a_moe_table_with_a_wait_missing_or_short_reads_a_stale_word(wrong):
+    """A schedule table whose MoE wait misses a task, that task's CTA lagging: the consumer
+    starts its work before that task of its launch has published and reads the previous
+    launch's data. The program is the table's (the kernel's stage loops read the same table)."""
+    stage, change, lag = WRONG_TABLES[wrong]
+    lay = _mutated(K2MoeLayout(8, 4, 1024, 1), stage, **change)
+    wd = world(lay, [1], seed=0, lag=lag(lay))
+    wd.run()
+    assert wd.stale, f"{wrong}: the model saw no stale read"
+
+
+def test_the_right_moe_table_with_the_same_laggards_reads_nothing_stale():
     lay = K2MoeLayout(8, 4, 1024, 1)
-    _, first, count = lay.s16_awaits(_slot(1, max(_picks(1))))
-    short = _cut(routed, lambda lay: lay.f_rgu, lambda lay: lay.f_ract, lambda s: (*s[:2], s[2] - 1))
-    wd = world(lay, [1, 1], seed=0, program=short, lag=(first + count - 1 - lay.f_rgu) % CTAS)
-    wd.run()
-    assert any(f == first + count - 1 for _, _, f, _ in wd.stale)
+    for lag in sorted({lag(lay) for _, _, lag in WRONG_TABLES.values()}):
+        wd = world(lay, [1], seed=0, lag=lag)
+        wd.run()
+        assert not wd.stale, (lag, wd.stale[:3])
 
 
-def test_routed_act_waiting_on_another_slots_gate_up_reads_a_stale_word():
-    """S16 waiting on the next slot's gate/up tasks instead of its own expert's (whose first
-    task's CTA lags): its pick's gate/up is the previous launch's."""
-    lay = K2MoeLayout(8, 4, 1024, 2)
-    _, first, count = lay.s16_awaits(0)
-    short = _cut(routed, lambda lay: lay.f_rgu, lambda lay: lay.f_ract, lambda s: (s[0], s[1] + count, s[2]))
-    wd = world(lay, [2, 2], seed=1, program=short, lag=(first - lay.f_rgu) % CTAS)
-    wd.run()
-    assert any(first <= f < first + count for _, _, f, _ in wd.stale)
-
-
-def test_partial_waiting_on_one_down_slot_too_few_reads_a_stale_word():
-    """S18 waiting on every slot's down task of its tiles but slot 0's (whose CTA lags): the
-    partial sums the previous launch's down output of the first chosen expert."""
+def test_each_stage_reads_only_scratch_a_stage_it_waits_on_wrote():
+    """K2's whole table: every scratch region a stage reads was written by a stage it waits on,
+    directly or through that stage's waits (S15 reads S8's MXFP8 input through the union); a table
+    whose S16 skips its slot's gate / up, or whose S18 skips the down tasks, does not."""
     lay = K2MoeLayout(8, 4, 1024, 1)
-    short = _cut(routed, lambda lay: lay.f_rdown, lambda lay: lay.f_out,
-                 lambda s: (s[0], s[1] + s[3], s[2] - 1, s[3]))
-    wd = world(lay, [1, 1], seed=0, program=short, lag=0)  # S17 task 0: slot 0, tiles 0-7
-    wd.run()
-    assert any(f == lay.f_rdown for _, _, f, _ in wd.stale)
+    regions = lay.f32_regions + lay.i32_regions + lay.byte_regions
+    assert hand_off_errors(SCHEDULE, regions) == []
+    assert hand_off_errors(_mutated(lay, 16, then=()).schedule, regions) == [
+        "S16 reads gu but waits on 11, not its writer 15"]
+    assert hand_off_errors(_mutated(lay, 18, then=()).schedule, regions) == [
+        "S18 reads ids but waits on 14, not its writer 10", "S18 reads routed_y but waits on 14, not its writer 17"]
 
 
 def _disjoint_within(regions: list[tuple[int, int]], low: int, high: int) -> None:

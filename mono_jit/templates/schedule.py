@@ -1,36 +1,88 @@
 """A persistent kernel's stage schedule as data, and what follows from it (pure Python).
 
-A schedule is a tuple of `Stage`s in launch order. Each names its task count, the stage whose
+A schedule is a tuple of `Stage`s in launch order. Each names its task count, the stages whose
 flags it waits on and which of them, whether its tasks are rows that do nothing past the
 runtime m, whether it publishes a flag per task, and the scratch regions it reads and writes.
+Which flags a wait covers may depend on what an earlier stage wrote in this launch (K2's routed
+stages wait on the tasks of the experts the step chose): such a wait reads those words through a
+`Lookup`, which the kernel answers with loads of its scratch and the model with the step's ints.
 From that one table come the sync area's flag offsets (`flag_bases`), the scratch offsets
 (`region_offsets`), every CTA's sequence of hand-offs (`program`, which the protocol tests run
 on a model of the grid) and, in the kernel module, the stage loops themselves, so what the
 tests check is what the GPU runs.
 
 A stage-subset build (a standalone launch of some stages, for testing a stage alone) keeps a
-stage's wait only when the producer is in the subset (`waits_in`). `hand_off_errors` checks
-the table's scratch regions against its waits: a stage reads only what the stage it waits on
-wrote.
+stage's wait only when the producer is in the subset (`Wait.on`). `hand_off_errors` checks
+the table's scratch regions against its waits: a stage reads only what a stage it waits on
+(directly or through that stage's own waits) wrote.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from .sync_area import FIRST_FLAG
 
 Layout = Any  # the template's layout object; the table's functions take it as their first argument
 
 
+class Lookup(Protocol):
+    """What earlier stages of this launch wrote, for a wait that depends on it, with the two
+    operations such a wait computes with: the kernel's answers are DSL values (loads of its i32
+    scratch), the model's ints."""
+
+    def read(self, region: str, index: Any) -> Any:
+        """Word `index` of i32 scratch region `region`."""
+
+    def select(self, cond: Any, a: Any, b: Any) -> Any:
+        """a where cond holds, else b."""
+
+    def max(self, a: Any, b: Any) -> Any:
+        """The larger of a and b."""
+
+
+@dataclass(frozen=True)
+class Words:
+    """A `Lookup` over ints: each region's words as the step wrote them (the protocol model's)."""
+
+    regions: Mapping[str, Sequence[int]]
+
+    def read(self, region: str, index: int) -> int:
+        return self.regions[region][index]
+
+    @staticmethod
+    def select(cond: bool, a: int, b: int) -> int:
+        return a if cond else b
+
+    @staticmethod
+    def max(a: int, b: int) -> int:
+        return a if a >= b else b
+
+
+NO_DATA = Words({})  # a launch's data where no wait depends on it
+
+
 @dataclass(frozen=True)
 class Region:
-    """A scratch region: `size(lay)` words (or bytes) of the named work buffer."""
+    """A scratch region: `size(lay)` words (or bytes) of the named work buffer, starting on a
+    multiple of `align` of them."""
 
     name: str
     size: Callable[[Layout], int]
     doc: str
+    align: int = 1
+
+
+@dataclass(frozen=True)
+class Wait:
+    """A wait on stage `on`'s flags: `flags(lay, task, m, data)` gives (first, count) or (first,
+    count, stride), counted from `on`'s first flag; `data` (a `Lookup`) reads what earlier stages
+    wrote in this launch, for a wait that depends on it. Plain arithmetic, so the kernel traces it
+    on DSL values and the model runs it on ints."""
+
+    on: int
+    flags: Callable[[Layout, Any, Any, Lookup], tuple]
 
 
 @dataclass(frozen=True)
@@ -38,9 +90,11 @@ class Stage:
     """One stage of a persistent launch: CTA b runs its tasks b, b + CTAS, ...
 
     - `tasks(lay)`: how many tasks (and, if it publishes, flags) the stage has;
-    - `waits_on`: the stage whose flags a task waits for, or None;
+    - `waits_on`: the stage whose flags a task waits for first, or None;
     - `awaits(lay, task, m)`: (first, count) of those flags, counted from the producer's first
       flag; plain arithmetic, so the kernel traces it on DSL values and the model runs it on ints;
+    - `then`: further `Wait`s, in order after that one (on other stages, or on flags that
+      depend on what an earlier stage wrote);
     - `row_of(lay, task)`: the token row of a task that is skipped (no wait, no work) when the
       row is at or past m, or None when every task runs;
     - `publishes`: a flag per task after its work;
@@ -61,10 +115,26 @@ class Stage:
     pushes: Callable[[Layout, int, int], list[tuple]] | None = None
     reads: tuple[str, ...] = ()
     writes: tuple[str, ...] = ()
+    then: tuple[Wait, ...] = ()
 
     def waits_in(self, stages: frozenset[int]) -> bool:
-        """Whether this stage waits in a build holding `stages` (its producer is among them)."""
+        """Whether this stage's first wait is kept in a build holding `stages` (its producer is
+        among them)."""
         return self.waits_on is not None and self.waits_on in stages
+
+    @property
+    def waits(self) -> tuple[Wait, ...]:
+        """Every wait of a task, in order: the first (`waits_on`, `awaits`), then `then`."""
+        if self.waits_on is None:
+            return self.then
+        awaits = self.awaits
+        if awaits is None:
+            raise ValueError(f"S{self.number} waits on S{self.waits_on} for no flags")
+        return (Wait(self.waits_on, lambda lay, task, m, data: awaits(lay, task, m)), *self.then)
+
+    def waits_kept(self, stages: frozenset[int]) -> tuple[Wait, ...]:
+        """The waits a build holding `stages` keeps: those whose producer is among them."""
+        return tuple(w for w in self.waits if w.on in stages)
 
 
 def peer_stages(schedule: tuple[Stage, ...]) -> frozenset[int]:
@@ -74,14 +144,20 @@ def peer_stages(schedule: tuple[Stage, ...]) -> frozenset[int]:
 
 def hand_off_errors(schedule: tuple[Stage, ...], regions: tuple[Region, ...]) -> list[str]:
     """What is wrong with the table's scratch hand-offs: a name that is no region, a region read
-    by a stage that does not wait on the stage that last wrote it (or that nothing wrote before
-    it), a region nothing writes."""
+    by a stage that waits neither on the stage that last wrote it nor on a stage that waited on
+    it in turn (or that nothing wrote before it), a region nothing writes. A wait on a stage
+    orders its reader after everything that stage waited on (release / acquire chains), so a
+    routed stage may read the router's words through the union it waits on."""
     names, errors = {r.name for r in regions}, []
     writer: dict[str, int] = {}
+    before: dict[int, set[int]] = {}  # stage -> the stages it waits on, directly or in turn
     for s in schedule:
+        ons = [w.on for w in s.waits]
+        before[s.number] = set(ons).union(*(before.get(on, set()) for on in ons))
+        waited = " and ".join(map(str, ons)) or "None"
         errors += [f"S{s.number}: {n} is no region" for n in (*s.reads, *s.writes) if n not in names]
-        errors += [f"S{s.number} reads {n} but waits on {s.waits_on}, not its writer {writer.get(n)}"
-                   for n in s.reads if writer.get(n) is None or writer[n] != s.waits_on]
+        errors += [f"S{s.number} reads {n} but waits on {waited}, not its writer {writer.get(n)}"
+                   for n in s.reads if writer.get(n) not in before[s.number]]
         writer.update({n: s.number for n in s.writes})
     return errors + [f"{n} is written by no stage" for n in sorted(names - set(writer))]
 
@@ -104,10 +180,11 @@ def flag_bases(schedule: tuple[Stage, ...], lay: Layout) -> dict[int, int]:
 
 
 def region_offsets(regions: tuple[Region, ...], lay: Layout, align: int = 1) -> dict[str, int]:
-    """Each region's first word, packed in table order, each region's end rounded up to `align`;
-    under "end" the buffer's size."""
+    """Each region's first word, packed in table order from a multiple of its own `align`, each
+    region's end rounded up to `align`; under "end" the buffer's size."""
     offsets, at = {}, 0
     for region in regions:
+        at = -(-at // region.align) * region.align
         offsets[region.name] = at
         at = -(-(at + region.size(lay)) // align) * align
     offsets["end"] = at
@@ -115,23 +192,30 @@ def region_offsets(regions: tuple[Region, ...], lay: Layout, align: int = 1) -> 
 
 
 def awaited_flags(lay: Layout, s: Stage, task, m):
-    """(first sync word, count) a task of stage `s` waits for."""
-    if s.awaits is None:
+    """(first sync word, count) a task of stage `s` waits for first."""
+    if s.waits_on is None:
         raise ValueError(f"S{s.number} waits on no flags")
-    first, count = s.awaits(lay, task, m)
-    return lay.flag_base(s.waits_on) + first, count
+    return awaited(lay, s.waits[0], task, m)
 
 
-def program(schedule: tuple[Stage, ...], lay: Layout, cta: int, ctas: int, m: int, rank: int = 0) -> list[tuple]:
-    """CTA `cta`'s steps in one launch with m rows on `rank`, in the kernel's order: ("wait",
-    first word, count), ("await_peers", region, first unit, count), ("run", stage, task) where
-    the task does its work, ("push", peer, region, unit), ("publish", flag word, 1)."""
+def awaited(lay: Layout, w: Wait, task, m, data: Lookup = NO_DATA) -> tuple:
+    """(first sync word, count[, stride]) of wait `w` of a task; `data` answers the words a wait
+    that depends on the launch's data reads."""
+    first, *rest = w.flags(lay, task, m, data)
+    return (lay.flag_base(w.on) + first, *rest)
+
+
+def program(schedule: tuple[Stage, ...], lay: Layout, cta: int, ctas: int, m: int, rank: int = 0,
+            data: Lookup = NO_DATA) -> list[tuple]:
+    """CTA `cta`'s steps in one launch with m rows on `rank` whose stages wrote `data` (for the
+    waits that depend on it), in the kernel's order: ("wait", first word, count[, stride]),
+    ("await_peers", region, first unit, count), ("run", stage, task) where the task does its
+    work, ("push", peer, region, unit), ("publish", flag word, 1)."""
     steps: list[tuple] = []
     for s in schedule:
         for task in range(cta, s.tasks(lay), ctas):
             if s.row_of is None or s.row_of(lay, task) < m:
-                if s.waits_on is not None:
-                    steps.append(("wait", *awaited_flags(lay, s, task, m)))
+                steps += [("wait", *awaited(lay, w, task, m, data)) for w in s.waits]
                 if s.peer_awaits is not None:
                     steps += [("await_peers", *a) for a in s.peer_awaits(lay, task, rank)]
                 steps.append(("run", s.number, task))

@@ -67,9 +67,9 @@ from ..k1.layout import (CTAS, HEAD_DIM, KV_DATA, KV_SCALES, LDS_ACC_WORDS, LDS_
 from ..keytable.kernel import key_table_row
 from ..router.kernel import select_top6
 from . import addressing as k2a
-from .layout import (SCHEDULE, HEAD_TILE, HEADS_PER_GROUP, LDS_Y_WORDS, PAIR_BYTES, TICKS_PER_US,
+from .layout import (HEAD_TILE, HEADS_PER_GROUP, LDS_Y_WORDS, PAIR_BYTES, TICKS_PER_US,
                      LDS_MOE_WORDS, PIN_LDS_BYTES, STATE_TABLE, WEIGHT_TABLE)
-from .moe_layout import DOWN_TILES, SHARED_K_PARTS, TOPK, K2MoeLayout
+from .moe_layout import SCHEDULE, DOWN_TILES, SHARED_K_PARTS, TOPK, K2MoeLayout
 from . import moe_addressing as ma
 from . import moe_kernel as mk
 from .reference import SCALE
@@ -433,21 +433,43 @@ def _entry(table, names: tuple[str, ...], name: str, dtype, like):
     return fx.recast_iter(dtype, table_pointer(table, names.index(name), like))
 
 
-ALL_STAGES = frozenset(range(1, 20))
-# The stages that push to or poll the peer buffers: part one's from its schedule, then the MoE's.
-PEER_STAGES = sched.peer_stages(SCHEDULE) | frozenset({18, 19})
+class _Scratch:
+    """The i32 scratch as a schedule.Lookup: a wait that depends on what an earlier stage wrote
+    (S16's on its expert's slot) loads those words, and selects and takes maxima as DSL ops."""
+
+    def __init__(self, lay: K2MoeLayout, i32):
+        self.lay, self.i32 = lay, i32
+
+    def read(self, region: str, index):
+        return load_scalar(self.i32, getattr(self.lay, region) + index, fx.Int32)
+
+    @staticmethod
+    def select(cond, a, b):
+        return cond.select(a, b)
+
+    @staticmethod
+    def max(a, b):
+        return fx.max(a, b)
+
+
+ALL_STAGES = frozenset(s.number for s in SCHEDULE)
+PEER_STAGES = sched.peer_stages(SCHEDULE)  # the stages that push to or poll the peer buffers
 
 
 def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
-    """The K2 part-one kernel with the given stages (all of them for K2 itself); a subset is a
-    standalone launch of those stages that reads its inputs from the buffers as the caller
-    prepared them (k1/kernel.make_kernel), for the per-stage tests on a GPU."""
+    """The K2 kernel with the given stages (all of them for K2 itself), each stage's tasks,
+    waits and flags as lay.schedule states them; a subset is a standalone launch of those stages
+    that reads its inputs from the buffers as the caller prepared them (k1/kernel.make_kernel),
+    for the per-stage tests on a GPU."""
     rows, row_tiles, csa = lay.rows, lay.seam.row_tiles, lay.ratio == model.CSA_RATIO
     half_words = lay.half_bytes // PAIR_BYTES
 
-    def waits_in(stage: int) -> bool:
-        """Whether part-one stage `stage` waits on its producer in this build (the schedule's)."""
-        return sched.stage(lay.schedule, stage).waits_in(stages)
+    def await_producers(stage: int, task, m, sync, tag, tid, i32) -> None:
+        """Stage `stage`'s waits for `task`, as lay.schedule states them, those whose producer
+        this build holds (a stage subset reads the rest as the caller prepared it)."""
+        for w in sched.stage(lay.schedule, stage).waits_kept(stages):
+            first, count, *stride = sched.awaited(lay, w, task, m, _Scratch(lay, i32))
+            wait(sync, first, count, tag, tid, *stride)
 
     @flyc.kernel
     def k2_kernel(Positions: fx.Tensor, SlotMapping: fx.Tensor, SwaIndices: fx.Tensor, SwaLens: fx.Tensor,
@@ -528,8 +550,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
             tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             for task in range(cta, lay.s2_tasks, CTAS):
                 if lay.row_of(2, task) < m:
-                    if const_expr(waits_in(2)):
-                        wait(Sync, *lay.awaits(2, task, m), tag, tid)
+                    await_producers(2, task, m, Sync, tag, tid, i32)
                     q = typed_view(state("q", fx.BFloat16), fx.BFloat16, rows * lay.heads * HEAD_DIM, VEC)
                     _attention_task(lay, task, q, SwaCache, CompCache, i32, f32x4, f32, swa_page_stride,
                                     swa_block, comp_page_stride, comp_block, tid)
@@ -540,8 +561,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
             tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             for task in range(cta, lay.s3_tasks, CTAS):
                 if lay.row_of(3, task) < m:
-                    if const_expr(waits_in(3)):
-                        wait(Sync, *lay.awaits(3, task, m), tag, tid)
+                    await_producers(3, task, m, Sync, tag, tid, i32)
                     if wave == 0:
                         _merge_task(lay, task, weight("attn_sink", fx.Float32), weight("rope", fx.Float32),
                                     Positions, f32, f32x4, u8x8, u8, lane)
@@ -555,8 +575,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
                              weight("s_oa", fx.Uint8), HEADS_PER_GROUP * HEAD_DIM, woa_stride,
                              layer_int("woa_shuffled"))
             for task in range(cta, lay.s4_tasks, CTAS):
-                if const_expr(waits_in(4)):
-                    wait(Sync, *lay.awaits(4, task, m), tag, tid)
+                await_producers(4, task, m, Sync, tag, tid, i32)
                 n0, part, group = k2a.woa_task(lay, task)
                 acts = Mxfp8Rows(u8x16, u8, *k2a.woa_operand(lay, group))
                 accs = gemv_steps(w_oa, acts, n0, k2a.woa_steps(part, wave), lane, row_tiles)
@@ -569,8 +588,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
             tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             for row in range(cta, rows, CTAS):
                 if row < m:
-                    if const_expr(waits_in(5)):
-                        wait(Sync, *lay.awaits(5, row, m), tag, tid)
+                    await_producers(5, row, m, Sync, tag, tid, i32)
                     _z_quant_row(lay, row, f32x4, u8x8, u8, tid)
                 publish(Sync, lay.f_z + row, tag, tid)
 
@@ -582,8 +600,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
                              weight("s_ob", fx.Uint8), lay.o_width, wob_stride, layer_int("wob_shuffled"))
             z_mx = Mxfp8Rows(u8x16, u8, lay.z_codes, lay.z_scales, lay.o_width)
             for task in range(cta, lay.s6_tasks, CTAS):
-                if const_expr(waits_in(6)):
-                    wait(Sync, *lay.awaits(6, task, m), tag, tid)
+                await_producers(6, task, m, Sync, tag, tid, i32)
                 accs = gemv_steps(w_ob, z_mx, task * TILE_N, k2a.wob_steps(lay, wave), lane, row_tiles)
                 _wob_push(lay, task, accs, lds_acc, lds_peers, Mailbox, half_at, rank, tag, m, tid, wave, lane)
 
@@ -615,8 +632,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
             tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             for row in range(cta, rows, CTAS):
                 if row < m:
-                    if const_expr(waits_in(8)):
-                        wait(Sync, *lay.awaits(8, row, m), tag, tid)
+                    await_producers(8, row, m, Sync, tag, tid, i32)
                     seam_row(f32, lay.partials + row * SEAM_CHUNKS * PARTIALS, gate, red,
                              weight("hc_base", fx.Float32), weight("hc_scale", fx.Float32),
                              state("post_out", fx.Float32), state("comb_out", fx.Float32),
@@ -636,8 +652,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
         if const_expr(9 in stages):
             tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             for task in range(cta, lay.s9_tasks, CTAS):
-                if const_expr(8 in stages):
-                    wait(Sync, lay.f_norm, m, tag, tid)
+                await_producers(9, task, m, Sync, tag, tid, i32)
                 mk.logits_task(typed_view(weight("gate", fx.BFloat16), fx.BFloat16, mk.E * H, VEC),
                                typed_view(state("x_norm", fx.BFloat16), fx.BFloat16, rows * H, VEC), f32,
                                lay.logits, task, m, wave, lane)
@@ -646,10 +661,9 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
         # ---- S10: top-6 a row --------------------------------------------------------------------
         if const_expr(10 in stages):
             tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
-            for row in range(cta, rows, CTAS):
-                if row < m:
-                    if const_expr(9 in stages):
-                        wait(Sync, lay.f_logits, lay.s9_tasks, tag, tid)
+            for row in range(cta, lay.tasks(10), CTAS):
+                if lay.row_of(10, row) < m:
+                    await_producers(10, row, m, Sync, tag, tid, i32)
                     if wave == 0:
                         # a hash layer has no bias: its view holds 0 bytes, so every read is 0 and
                         # touches no memory (the table entry may be 0)
@@ -661,9 +675,8 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
         # ---- S11: the union of chosen experts ----------------------------------------------------
         if const_expr(11 in stages):
             tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
-            for _ in range(cta, 1, CTAS):
-                if const_expr(10 in stages):
-                    wait(Sync, lay.f_top, m, tag, tid)
+            for task in range(cta, lay.tasks(11), CTAS):
+                await_producers(11, task, m, Sync, tag, tid, i32)
                 mk.union_task(i32, lds_moe, lay.ids, lay.union, lay.union_size, lay.pick_of, lay.slot_of, rows, m,
                               tid)
                 publish(Sync, lay.f_union, tag, tid)
@@ -676,8 +689,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
             x_mx = Mxfp8Rows(u8x16, u8, lay.ffn_codes, lay.ffn_scales, H)
             quarter = H // 128 // SHARED_K_PARTS
             for task in range(cta, lay.s12_tasks, CTAS):
-                if const_expr(8 in stages):
-                    wait(Sync, lay.f_norm, m, tag, tid)
+                await_producers(12, task, m, Sync, tag, tid, i32)
                 tile, part = task // SHARED_K_PARTS, task % SHARED_K_PARTS
                 accs = gemv_steps(w_sgu, x_mx, tile * TILE_N, ad.split_steps(part * quarter, quarter, wave), lane,
                                   row_tiles)
@@ -688,10 +700,9 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
         # ---- S13: shared SwiGLU, MXFP8 -------------------------------------------------------------
         if const_expr(13 in stages):
             tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
-            for row in range(cta, rows, CTAS):
-                if row < m:
-                    if const_expr(12 in stages):
-                        wait(Sync, lay.f_sgu, lay.s12_tasks, tag, tid)
+            for row in range(cta, lay.tasks(13), CTAS):
+                if lay.row_of(13, row) < m:
+                    await_producers(13, row, m, Sync, tag, tid, i32)
                     if wave == 0:
                         first = lay.sgu_raw + row * 2 * inter
                         mk.act_row(f32x4, u8x8, u8, first, first + inter, SHARED_K_PARTS, rows * 2 * inter, True,
@@ -705,8 +716,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
                               weight("sw2_s", fx.Uint8), inter, layer_int("sw2_stride"), layer_int("sw2_shuffled"))
             h_mx = Mxfp8Rows(u8x16, u8, lay.sh_codes, lay.sh_scales, inter)
             for task in range(cta, lay.s14_tasks, CTAS):
-                if const_expr(13 in stages):
-                    wait(Sync, lay.f_sact, m, tag, tid)
+                await_producers(14, task, m, Sync, tag, tid, i32)
                 accs = gemv_steps(w_sw2, h_mx, task * TILE_N, ad.split_steps(0, inter // 128, wave), lane,
                                   row_tiles)
                 gemv_reduce(accs, lds_acc, tid, wave, lane, WAVES, row_tiles, f32, lay.shared_raw, H,
@@ -721,8 +731,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
             x_mx = Mxfp8Rows(u8x16, u8, lay.ffn_codes, lay.ffn_scales, H)
             blocks = inter // TILE_N
             for task in range(cta, lay.s15_tasks, CTAS):
-                if const_expr(11 in stages):
-                    wait(Sync, lay.f_union, 1, tag, tid)
+                await_producers(15, task, m, Sync, tag, tid, i32)
                 slot, block = task // blocks, task % blocks
                 if slot < load_scalar(i32, lay.union_size, fx.Int32):
                     expert = load_scalar(i32, lay.union + slot, fx.Int32)
@@ -733,19 +742,13 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
                                            up * inter + block * TILE_N, m, rows, tid, wave, lane)
                 publish(Sync, lay.f_rgu + task, tag, tid)
 
-        # ---- S16: routed SwiGLU a pick, MXFP8 ---------------------------------------------------------
+        # ---- S16: routed SwiGLU a pick, MXFP8 (waits on the union, then on its expert's slot's S15
+        # tasks: the schedule reads the slot from the scratch) ---------------------------------------
         if const_expr(16 in stages):
             tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             for pick in range(cta, lay.picks, CTAS):
-                if pick // TOPK < m:
-                    if const_expr(11 in stages):
-                        wait(Sync, lay.f_union, 1, tag, tid)  # slot_of
-                    if const_expr(15 in stages):
-                        expert = load_scalar(i32, lay.ids + pick, fx.Int32)
-                        chosen = (expert >= 0) & (expert < mk.E)  # a hash id outside 0..383 chooses nothing
-                        slot = load_scalar(i32, lay.slot_of + chosen.select(expert, 0), fx.Int32)
-                        _, s15_first, s15_count = lay.s16_awaits(fx.max(slot, 0))
-                        wait(Sync, s15_first, (chosen & (slot >= 0)).select(s15_count, 0), tag, tid)
+                if lay.row_of(16, pick) < m:
+                    await_producers(16, pick, m, Sync, tag, tid, i32)
                     if wave == 0:
                         first = lay.gu + pick * 2 * inter
                         mk.act_row(f32x4, u8x8, u8, first, first + inter, 1, 0, False, inter,
@@ -759,8 +762,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
             w2_s = typed_view(weight("w2_s", fx.Uint8), fx.Uint8, ma.expert_scale_bytes(mk.E * H, inter))
             per_slot = H // TILE_N // DOWN_TILES
             for task in range(cta, lay.s17_tasks, CTAS):
-                if const_expr(16 in stages):
-                    wait(Sync, lay.f_ract, TOPK * m, tag, tid)
+                await_producers(17, task, m, Sync, tag, tid, i32)
                 slot = task // per_slot
                 if slot < load_scalar(i32, lay.union_size, fx.Int32):
                     expert = load_scalar(i32, lay.union + slot, fx.Int32)
@@ -772,21 +774,19 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
                     mk.store_down(accs, acts, f32, lay.route_weights, lay.routed_y, tile, m, lane)
                 publish(Sync, lay.f_rdown + task, tag, tid)
 
-        # ---- S18: the rank's MoE partial, pushed ----------------------------------------------------
+        # ---- S18: the rank's MoE partial, pushed (waits on its shared tile, then on its tiles' S17
+        # task in every union slot) -------------------------------------------------------------------
         if const_expr(18 in stages):
             tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
-            for task in range(cta, lay.s14_tasks, CTAS):
-                if const_expr(17 in stages):
-                    wait(Sync, lay.f_sdown + task, 1, tag, tid)
-                    _, s17_first, s17_count, s17_stride = lay.s18_awaits(task)
-                    wait(Sync, s17_first, s17_count, tag, tid, s17_stride)
+            for task in range(cta, lay.tasks(18), CTAS):
+                await_producers(18, task, m, Sync, tag, tid, i32)
                 _moe_push(lay, task, f32, i32, lds_peers, Mailbox, half_at + moe_words, rank, tag, m, tid)
 
         # ---- S19: the MoE all-reduce into out --------------------------------------------------------
         if const_expr(19 in stages):
             tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             out = typed_view(state("out", fx.BFloat16), fx.BFloat16, rows * H)
-            for task in range(cta, lay.s7_tasks, CTAS):
+            for task in range(cta, lay.tasks(19), CTAS):
                 group, chunk = lay.s7_task(task)
                 first = group * SEAM_GROUP
                 for row in range(first, fx.min(first + SEAM_GROUP, rows)):
@@ -805,8 +805,8 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
 
 
 def build(spec: Spec, stages: frozenset[int] = ALL_STAGES, schedule: tuple[sched.Stage, ...] = SCHEDULE) -> Build:
-    """K2 holding `stages`, part one run as `schedule` says (SCHEDULE; the tests pass a wrong one
-    to see the kernel follow it)."""
+    """K2 holding `stages`, run as `schedule` says (SCHEDULE; the tests pass a wrong one to see
+    the kernel follow it)."""
     lay = replace(K2MoeLayout.of(spec), schedule=schedule)
     kernel = make_kernel(lay, frozenset(stages))
 

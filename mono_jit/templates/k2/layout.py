@@ -5,11 +5,11 @@ same figures; tests/test_k2_protocol.py runs `program` on a model of 8 ranks x 2
 Stages (CTA b runs tasks b, b + 256, ...; a stage waits only on earlier stages of its own rank,
 or on peers' pushes of earlier stages, so with all CTAs of every rank resident nothing can
 deadlock). Part one's SCHEDULE below states each stage's task count, wait, peer polls, pushes,
-flags and scratch regions once: the sync words, the scratch offsets, the program the protocol
-model runs and the kernel's waits, publishes and stage-subset waits follow it
-(templates/schedule.py). Part two (moe_layout.py) is still written out by hand. Every task publishes its flag, and every push is made, on every
-launch for all `rows` of the bucket, pad rows (m <= row < rows) included with no wait and zero
-data: so every flag and every peer pair a launch may read was rewritten by the launch before it
+flags and scratch regions once; K2's whole table (moe_layout.SCHEDULE) is these stages and then
+the MoE's: the sync words, the scratch offsets, the program the protocol model runs and the
+kernel's waits, publishes and stage-subset waits follow it (templates/schedule.py). Every task
+publishes its flag, and every push is made, on every launch for all `rows` of the bucket, pad
+rows (m <= row < rows) included with no wait and zero data: so every flag and every peer pair a launch may read was rewritten by the launch before it
 on that word (sync area) or that half (peer buffer), and a 32-bit tag can wrap (see "Tags").
 
   S1 key table      task = row: the row's SWA window then its CSA / HCA slots (keytable).
@@ -78,6 +78,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import ClassVar
 
 from ... import model
 from ...spec import Spec
@@ -252,7 +253,11 @@ class K2Layout:
     ratio: int
     topk_width: int
     rows: int  # max_tokens: the bucket
-    schedule: tuple[sched.Stage, ...] = field(default=SCHEDULE, repr=False)  # part one's, as the kernel runs it
+    schedule: tuple[sched.Stage, ...] = field(default=SCHEDULE, repr=False)  # part one's (K2MoeLayout's: K2's)
+    # the scratch regions, packed in order (K2MoeLayout's add the MoE's after these)
+    f32_regions: ClassVar[tuple[sched.Region, ...]] = F32_REGIONS
+    i32_regions: ClassVar[tuple[sched.Region, ...]] = I32_REGIONS
+    byte_regions: ClassVar[tuple[sched.Region, ...]] = BYTE_REGIONS
 
     @classmethod
     def of(cls, spec: Spec) -> "K2Layout":
@@ -370,9 +375,13 @@ class K2Layout:
         return chunk * SEAM_CHUNK // self.owned_cols
 
     # -- sync words (int32): epoch, exit and arrival counters, then a flag per producer task --
+    @cached_property
+    def _flag_bases(self) -> dict[int, int]:
+        return sched.flag_bases(self.schedule, self)
+
     def flag_base(self, stage: int) -> int:
-        """The sync word of part-one stage `stage`'s first task flag."""
-        return sched.flag_bases(self.schedule, self)[stage]
+        """The sync word of stage `stage`'s first task flag."""
+        return self._flag_bases[stage]
 
     @property
     def f_keys(self) -> int:
@@ -405,11 +414,16 @@ class K2Layout:
 
     @property
     def sync_words(self) -> int:
-        return sched.flag_bases(self.schedule, self)[0]
+        return self._flag_bases[0]
 
     def awaits(self, stage: int, task, m):
-        """(first flag, count) a task of part-one stage `stage` waits for in a launch of m rows."""
+        """(first flag, count) a task of stage `stage` waits for first in a launch of m rows."""
         return sched.awaited_flags(self, sched.stage(self.schedule, stage), task, m)
+
+    def waits(self, stage: int, task, m, data: sched.Lookup = sched.NO_DATA) -> list[tuple]:
+        """(first flag, count[, stride]) of each wait of a task of `stage`, in order; `data`
+        answers the words a wait that depends on the launch's data reads."""
+        return [sched.awaited(self, w, task, m, data) for w in sched.stage(self.schedule, stage).waits]
 
     def row_of(self, stage: int, task):
         """The row whose place past m skips a task of `stage` (its wait and its work)."""
@@ -467,8 +481,12 @@ class K2Layout:
         return sched.program(self.schedule, self, cta, CTAS, m, rank)
 
     # -- f32 scratch (words; F32_REGIONS) -------------------------------------------------
+    @cached_property
+    def _f32_offsets(self) -> dict[str, int]:
+        return sched.region_offsets(self.f32_regions, self)
+
     def _f32(self, name: str) -> int:
-        return sched.region_offsets(F32_REGIONS, self)[name]
+        return self._f32_offsets[name]
 
     @property
     def attn_ml(self) -> int:
@@ -515,8 +533,12 @@ class K2Layout:
         return (self.u8_at + self.bytes) // 4
 
     # -- i32 scratch (words; I32_REGIONS): the key table --------------------------------------
+    @cached_property
+    def _i32_offsets(self) -> dict[str, int]:
+        return sched.region_offsets(self.i32_regions, self)
+
     def _i32(self, name: str) -> int:
-        return sched.region_offsets(I32_REGIONS, self)[name]
+        return self._i32_offsets[name]
 
     @property
     def key_slots(self) -> int:
@@ -536,8 +558,12 @@ class K2Layout:
         """Token rows a GEMV's B operand reads: whole 16-token tiles (K1Layout.operand_rows)."""
         return math.ceil(self.rows / TILE_N) * TILE_N
 
+    @cached_property
+    def _byte_offsets(self) -> dict[str, int]:
+        return sched.region_offsets(self.byte_regions, self, ROW_ALIGN)
+
     def _byte(self, name: str) -> int:
-        return sched.region_offsets(BYTE_REGIONS, self, ROW_ALIGN)[name]
+        return self._byte_offsets[name]
 
     @property
     def xo_codes(self) -> int:

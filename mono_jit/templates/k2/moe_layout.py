@@ -26,25 +26,34 @@ Semantics: moe_reference.py; device code: moe_kernel.py.
   S19 reduce         K1's S1 table: the ranks' partials summed in rank order (S7's scheme) into
                      the layer's `out`.
 
+SCHEDULE below is K2's whole table: part one's stages (layout.py) and then these, each with its
+task count, waits, pushes, flags and scratch regions (templates/schedule.py). The sync words, the
+scratch offsets, the protocol model's `program`, the kernel's waits, publishes and task loops and
+the stage-subset builds all follow it.
+
 A routed task waits only on the producer tasks that write what it reads. S16 (a pick) reads the
 gate / up S15 wrote for its expert's union slot: it waits on the union (S11 also writes each
-expert's slot, `slot_of`), reads its expert's slot, then waits on that slot's S15 tasks
-(s16_awaits: 24 flags at TP8), so its waits depend on the routing (`program` takes it). S18 (a
-16-column tile) reads, for every live row's entries, the down output of its tile that S17 wrote
-for the entry's slot: it waits on the S17 task of its tiles in every slot the step may use
-(s18_awaits: one flag a slot, a strided wait), whatever the routing. Every task publishes on
-every launch (slots past the union only publish), so a slot past the step's union passes at
-once. A wait is at most 512 flags (one thread a flag).
+expert's slot, `slot_of`), reads its expert's slot, then waits on that slot's S15 tasks (24
+flags at TP8): a wait that depends on the routing, which the table states once as a function of
+what S10 and S11 wrote (`_s16_slot_awaits`; the kernel reads those words from its scratch, the
+model from the step's ids). S18 (a 16-column tile) reads, for every live row's entries, the down
+output of its tile that S17 wrote for the entry's slot: it waits on the S17 task of its tiles in
+every slot the step may use (one flag a slot, a strided wait), whatever the routing. Every task
+publishes on every launch (slots past the union only publish), so a slot past the step's union
+passes at once. A wait is at most 512 flags (one thread a flag).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 from ... import model
-from ..k1.layout import SEAM_GROUP, TILE_N
-from .layout import WOB_TILES, K2Layout
+from ..k1.layout import CTAS, SEAM_GROUP, TILE_N
+from .. import schedule as sched
+from .layout import BYTE_REGIONS, F32_REGIONS, I32_REGIONS, WOB_TILES, K2Layout
+from .layout import SCHEDULE as PART_ONE
 
 EXPERTS = model.ROUTED_EXPERTS  # 384
 TOPK = model.EXPERTS_PER_TOKEN  # 6
@@ -55,18 +64,117 @@ F32_VECTOR = 8  # f32 words load8_f32 reads at once (two 16-byte loads)
 MOE_REGIONS = {"part": "mpart", "rs": "mrs", "ag": "mag"}  # part one's region -> the MoE's twin
 
 
-def union_slots(ids: Sequence[Sequence[int]]) -> list[int]:
-    """Each pick's union slot (row x 6 + entry, for the rows of `ids`), -1 for an id outside
-    0 .. 383 (which chooses nothing): the number of chosen experts below the pick's, as S11
-    numbers the union (ascending experts)."""
+def routing_words(ids: Sequence[Sequence[int]]) -> sched.Words:
+    """What S10 and S11 write that S16's wait reads, for a launch whose live rows chose `ids`
+    (six each): the ids row by row, and each expert's union slot (the chosen experts below it,
+    as S11 numbers the union), -1 for an expert no live row chose (an id outside 0 .. 383
+    chooses nothing)."""
     chosen = sorted({e for row in ids for e in row if 0 <= e < EXPERTS})
-    slot = {e: s for s, e in enumerate(chosen)}
-    return [slot.get(e, -1) for row in ids for e in row]
+    slot_of = [-1] * EXPERTS
+    for slot, expert in enumerate(chosen):
+        slot_of[expert] = slot
+    return sched.Words({"ids": [e for row in ids for e in row], "slot_of": slot_of})
+
+
+# -- part two's schedule, after part one's in the same launch ----------------------------------
+
+def _row(lay: "K2MoeLayout", task):
+    return task
+
+
+def _s16_slot_awaits(lay: "K2MoeLayout", pick, m, data: sched.Lookup):
+    """The S15 tasks of the union slot of the pick's expert (every 16-column block of its gate
+    and up: the only tasks that write the pick), found through S10's ids and S11's slot_of; none
+    for an id outside 0 .. 383 (it chooses nothing)."""
+    expert = data.read("ids", pick)
+    chosen = (expert >= 0) & (expert < EXPERTS)
+    slot = data.read("slot_of", data.select(chosen, expert, 0))
+    blocks = lay.inter // TILE_N
+    return data.max(slot, 0) * blocks, data.select(chosen & (slot >= 0), blocks, 0)
+
+
+def _s18_down_awaits(lay: "K2MoeLayout", task, m, data: sched.Lookup):
+    """The S17 task of the task's tile in every union slot (each writes that tile of its
+    expert's picks' down outputs): one flag a slot, `stride` apart, whatever the routing."""
+    per_slot = WOB_TILES // DOWN_TILES
+    return task // DOWN_TILES, lay.union_max, per_slot
+
+
+MOE_STAGES: tuple[sched.Stage, ...] = (
+    sched.Stage(9, "router logits", tasks=lambda lay: EXPERTS // LOGIT_EXPERTS, waits_on=8,
+                awaits=lambda lay, task, m: (0, m), writes=("logits",)),
+    sched.Stage(10, "top-6", tasks=lambda lay: lay.rows, waits_on=9, row_of=_row,
+                awaits=lambda lay, row, m: (0, lay.tasks(9)), reads=("logits",), writes=("ids", "route_weights")),
+    sched.Stage(11, "union", tasks=lambda lay: 1, waits_on=10, awaits=lambda lay, task, m: (0, m), reads=("ids",),
+                writes=("union", "union_size", "pick_of", "slot_of")),
+    sched.Stage(12, "shared gate/up", tasks=lambda lay: 2 * lay.inter // TILE_N * SHARED_K_PARTS, waits_on=8,
+                awaits=lambda lay, task, m: (0, m), reads=("ffn_codes", "ffn_scales"), writes=("sgu_raw",)),
+    sched.Stage(13, "shared act", tasks=lambda lay: lay.rows, waits_on=12, row_of=_row,
+                awaits=lambda lay, row, m: (0, lay.tasks(12)), reads=("sgu_raw",), writes=("sh_codes", "sh_scales")),
+    sched.Stage(14, "shared down", tasks=lambda lay: WOB_TILES, waits_on=13, awaits=lambda lay, task, m: (0, m),
+                reads=("sh_codes", "sh_scales"), writes=("shared_raw",)),
+    sched.Stage(15, "routed gate/up", tasks=lambda lay: lay.union_max * (lay.inter // TILE_N), waits_on=11,
+                awaits=lambda lay, task, m: (0, 1),
+                reads=("union", "union_size", "pick_of", "ffn_codes", "ffn_scales"), writes=("gu",)),
+    sched.Stage(16, "routed act", tasks=lambda lay: lay.picks, waits_on=11, row_of=lambda lay, pick: pick // TOPK,
+                awaits=lambda lay, pick, m: (0, 1), then=(sched.Wait(15, _s16_slot_awaits),),
+                reads=("ids", "slot_of", "gu"), writes=("rh_codes", "rh_scales")),
+    sched.Stage(17, "routed down", tasks=lambda lay: lay.union_max * (WOB_TILES // DOWN_TILES), waits_on=16,
+                awaits=lambda lay, task, m: (0, TOPK * m),
+                reads=("union", "union_size", "pick_of", "rh_codes", "rh_scales", "route_weights"),
+                writes=("routed_y",)),
+    sched.Stage(18, "MoE partial", tasks=lambda lay: WOB_TILES, waits_on=14, awaits=lambda lay, task, m: (task, 1),
+                then=(sched.Wait(17, _s18_down_awaits),), publishes=False,
+                pushes=lambda lay, task, rank: lay.s18_pushes(task, rank), reads=("ids", "routed_y", "shared_raw")),
+    sched.Stage(19, "MoE reduce", tasks=lambda lay: lay.seam.s1_tasks,
+                row_of=lambda lay, task: lay.s7_task(task)[0] * SEAM_GROUP,
+                peer_awaits=lambda lay, task, rank: lay.s19_peer_awaits(task, rank),
+                pushes=lambda lay, task, rank: lay.s19_pushes(task, rank)),
+)
+SCHEDULE: tuple[sched.Stage, ...] = PART_ONE + MOE_STAGES  # K2's whole table, as the kernel runs it
+
+MOE_F32_REGIONS: tuple[sched.Region, ...] = (
+    sched.Region("logits", lambda lay: lay.rows * EXPERTS, "[rows, 384] the router's f32 logits"),
+    sched.Region("route_weights", lambda lay: lay.rows * TOPK, "[rows, 6] the routing weights (renormalised x 2.5)"),
+    # S13 / S16 read the gate / up parts (and the routed gate / up after them) eight at a time as
+    # two 16-byte loads (load8_f32), and a 16-byte load's word offset rounds down: after 1 row of
+    # 6 routing weights an unaligned start made every h column swiglu of the column 2 before it.
+    sched.Region("sgu_raw", lambda lay: SHARED_K_PARTS * lay.rows * 2 * lay.inter,
+                 "[4 K quarters, rows, 2 x inter] the shared gate / up's f32 parts", align=F32_VECTOR),
+    sched.Region("shared_raw", lambda lay: lay.rows * model.HIDDEN, "[rows, 7168] the shared expert's f32 output"),
+    sched.Region("gu", lambda lay: lay.picks * 2 * lay.inter, "[picks, 2 x inter] each pick's routed gate then up"),
+    sched.Region("routed_y", lambda lay: lay.picks * model.HIDDEN,
+                 "[picks, 7168] each pick's down output times its routing weight"),
+)
+
+MOE_I32_REGIONS: tuple[sched.Region, ...] = (
+    sched.Region("ids", lambda lay: lay.rows * TOPK, "[rows, 6] the chosen experts (a hash layer's as given)"),
+    sched.Region("union", lambda lay: EXPERTS, "[384] union slot -> expert"),
+    sched.Region("union_size", lambda lay: 1, "[1] the union's size"),
+    sched.Region("pick_of", lambda lay: lay.union_max * lay.rows,
+                 "[union_max, rows] (slot, row) -> the row's pick of that slot's expert (its last entry naming "
+                 "it, moe_kernel.row_pick), or -1"),
+    sched.Region("slot_of", lambda lay: EXPERTS,
+                 "[384] expert -> its union slot, or -1 when no live row chose it (S16's wait reads it)"),
+)
+
+# The MXFP8 operands of the two downs (every region's end on 256 bytes, as part one's).
+MOE_BYTE_REGIONS: tuple[sched.Region, ...] = (
+    sched.Region("sh_codes", lambda lay: lay.operand_rows * lay.inter, "[operand_rows, inter] e4m3 of the shared h"),
+    sched.Region("sh_scales", lambda lay: lay.operand_rows * lay.inter // 32, "[operand_rows, inter / 32]"),
+    sched.Region("rh_codes", lambda lay: lay.pick_rows * lay.inter, "[pick_rows, inter] e4m3 of each pick's routed h"),
+    sched.Region("rh_scales", lambda lay: lay.pick_rows * lay.inter // 32, "[pick_rows, inter / 32]"),
+)
 
 
 @dataclass(frozen=True)
 class K2MoeLayout(K2Layout):
-    """K2Layout with part two's stages after part one's."""
+    """K2Layout with part two's stages after part one's: K2's whole schedule and scratch."""
+
+    schedule: tuple[sched.Stage, ...] = field(default=SCHEDULE, repr=False)  # what the kernel runs
+    f32_regions: ClassVar[tuple[sched.Region, ...]] = F32_REGIONS + MOE_F32_REGIONS
+    i32_regions: ClassVar[tuple[sched.Region, ...]] = I32_REGIONS + MOE_I32_REGIONS
+    byte_regions: ClassVar[tuple[sched.Region, ...]] = BYTE_REGIONS + MOE_BYTE_REGIONS
 
     # -- widths ------------------------------------------------------------------------
     @property
@@ -83,26 +191,26 @@ class K2MoeLayout(K2Layout):
     def picks(self) -> int:
         return TOPK * self.rows
 
-    # -- task tables -------------------------------------------------------------------
+    # -- task tables (the schedule's) -------------------------------------------------------
     @property
     def s9_tasks(self) -> int:
-        return EXPERTS // LOGIT_EXPERTS
+        return self.tasks(9)
 
     @property
     def s12_tasks(self) -> int:
-        return 2 * self.inter // TILE_N * SHARED_K_PARTS
+        return self.tasks(12)
 
     @property
     def s14_tasks(self) -> int:
-        return WOB_TILES
+        return self.tasks(14)
 
     @property
     def s15_tasks(self) -> int:
-        return self.union_max * (self.inter // TILE_N)
+        return self.tasks(15)
 
     @property
     def s17_tasks(self) -> int:
-        return self.union_max * (WOB_TILES // DOWN_TILES)
+        return self.tasks(17)
 
     def s15_task(self, task):
         """(union slot, 16-column block) of S15 task `task`."""
@@ -113,62 +221,47 @@ class K2MoeLayout(K2Layout):
         per_slot = WOB_TILES // DOWN_TILES
         return task // per_slot, task % per_slot * DOWN_TILES
 
-    def s16_awaits(self, slot):
-        """("wait", first, count): the S15 tasks of union slot `slot` (every 16-column block of
-        its expert's gate and up), the only ones that write a pick of that slot's expert."""
-        blocks = self.inter // TILE_N
-        return ("wait", self.f_rgu + slot * blocks, blocks)
-
-    def s18_awaits(self, task):
-        """("wait", first, count, stride): the S17 task of S18 task `task`'s tile in every union
-        slot (each writes that tile of its expert's picks' down outputs)."""
-        per_slot = WOB_TILES // DOWN_TILES
-        return ("wait", self.f_rdown + task // DOWN_TILES, self.union_max, per_slot)
-
-    # -- sync words: part one's, then a flag per part-two producer task ------------------------
+    # -- sync words: part one's, then a flag per part-two producer task (the schedule's) ---------
     @property
     def f_logits(self) -> int:
-        return super().sync_words
+        return self.flag_base(9)
 
     @property
     def f_top(self) -> int:
-        return self.f_logits + self.s9_tasks
+        return self.flag_base(10)
 
     @property
     def f_union(self) -> int:
-        return self.f_top + self.rows
+        return self.flag_base(11)
 
     @property
     def f_sgu(self) -> int:
-        return self.f_union + 1
+        return self.flag_base(12)
 
     @property
     def f_sact(self) -> int:
-        return self.f_sgu + self.s12_tasks
+        return self.flag_base(13)
 
     @property
     def f_sdown(self) -> int:
-        return self.f_sact + self.rows
+        return self.flag_base(14)
 
     @property
     def f_rgu(self) -> int:
-        return self.f_sdown + self.s14_tasks
+        return self.flag_base(15)
 
     @property
     def f_ract(self) -> int:
-        return self.f_rgu + self.s15_tasks
+        return self.flag_base(16)
 
     @property
     def f_rdown(self) -> int:
-        return self.f_ract + self.picks
+        return self.flag_base(17)
 
     @property
     def f_out(self) -> int:
-        return self.f_rdown + self.s17_tasks
-
-    @property
-    def sync_words(self) -> int:
-        return self.f_out + self.s7_tasks
+        """S19's flags (S18 has none: its hand-off is its pushes)."""
+        return self.flag_base(19)
 
     # -- peer regions: part one's and, after them in each half, the MoE's twins -----------------
     @property
@@ -197,114 +290,60 @@ class K2MoeLayout(K2Layout):
     def s19_pushes(self, task, rank):
         return [(peer, MOE_REGIONS[region], unit) for peer, region, unit in self.s7_pushes(task, rank)]
 
-    # -- the program: part one's, then part two's in the kernel's order ------------------------
+    # -- the program ------------------------------------------------------------------
     def program(self, cta: int, m: int, rank: int, ids: Sequence[Sequence[int]] | None = None) -> list[tuple]:
         """The CTA's steps in a launch of m rows whose live rows chose `ids` (six each, S10's;
-        by default row r chose experts 6 r .. 6 r + 5): S16's waits depend on them."""
-        slots = union_slots(ids if ids is not None else [range(TOPK * r, TOPK * r + TOPK) for r in range(m)])
-        steps = super().program(cta, m, rank)
-        for task in self._tasks(cta, self.s9_tasks):
-            steps += [("wait", self.f_norm, m), ("publish", self.f_logits + task, 1)]
-        for row in self._tasks(cta, self.rows):
-            steps += [("wait", self.f_logits, self.s9_tasks)] if row < m else []
-            steps.append(("publish", self.f_top + row, 1))
-        for _ in self._tasks(cta, 1):
-            steps += [("wait", self.f_top, m), ("publish", self.f_union, 1)]
-        for task in self._tasks(cta, self.s12_tasks):
-            steps += [("wait", self.f_norm, m), ("publish", self.f_sgu + task, 1)]
-        for row in self._tasks(cta, self.rows):
-            steps += [("wait", self.f_sgu, self.s12_tasks)] if row < m else []
-            steps.append(("publish", self.f_sact + row, 1))
-        for task in self._tasks(cta, self.s14_tasks):
-            steps += [("wait", self.f_sact, m), ("publish", self.f_sdown + task, 1)]
-        for task in self._tasks(cta, self.s15_tasks):
-            steps += [("wait", self.f_union, 1), ("publish", self.f_rgu + task, 1)]
-        for pick in self._tasks(cta, self.picks):
-            if pick // TOPK < m:
-                steps.append(("wait", self.f_union, 1))
-                steps += [self.s16_awaits(slots[pick])] if slots[pick] >= 0 else []
-            steps.append(("publish", self.f_ract + pick, 1))
-        for task in self._tasks(cta, self.s17_tasks):
-            steps += [("wait", self.f_ract, TOPK * m), ("publish", self.f_rdown + task, 1)]
-        for task in self._tasks(cta, self.s14_tasks):
-            steps += [("wait", self.f_sdown + task, 1), self.s18_awaits(task)]
-            steps += [("push", *p) for p in self.s18_pushes(task, rank)]
-        for task in self._tasks(cta, self.s7_tasks):
-            live = self.s7_task(task)[0] * SEAM_GROUP < m
-            steps += [("await_peers", *a) for a in self.s19_peer_awaits(task, rank)] if live else []
-            steps += [("push", *p) for p in self.s19_pushes(task, rank)]
-            steps.append(("publish", self.f_out + task, 1))
-        return steps
+        by default row r chose experts 6 r .. 6 r + 5), in the kernel's order (both from the
+        schedule): S16's waits depend on them."""
+        chosen = ids if ids is not None else [range(TOPK * r, TOPK * r + TOPK) for r in range(m)]
+        return sched.program(self.schedule, self, cta, CTAS, m, rank, routing_words(chosen))
 
-    # -- scratch: part two's regions after part one's -------------------------------------------
+    # -- scratch: part two's regions after part one's (the tables above) ------------------------
     # f32 words
     @property
     def logits(self) -> int:
-        """[rows, 384] the router's f32 logits."""
-        return super().f32_words
+        return self._f32("logits")
 
     @property
     def route_weights(self) -> int:
-        """[rows, 6] the routing weights (renormalised x 2.5)."""
-        return self.logits + self.rows * EXPERTS
+        return self._f32("route_weights")
 
     @property
     def sgu_raw(self) -> int:
-        """[4 K quarters, rows, 2 x inter] the shared gate / up's f32 parts, from a whole 8 words:
-        S13 / S16 read them (and the routed gate / up after them) eight at a time as two 16-byte
-        loads (load8_f32), and a 16-byte load's word offset rounds down. After 1 row of 6 routing
-        weights an unaligned start made every h column swiglu of the column 2 before it."""
-        return -(-(self.route_weights + self.rows * TOPK) // F32_VECTOR) * F32_VECTOR
+        return self._f32("sgu_raw")
 
     @property
     def shared_raw(self) -> int:
-        """[rows, 7168] the shared expert's f32 output."""
-        return self.sgu_raw + SHARED_K_PARTS * self.rows * 2 * self.inter
+        return self._f32("shared_raw")
 
     @property
     def gu(self) -> int:
-        """[picks, 2 x inter] each pick's routed gate then up, f32."""
-        return self.shared_raw + self.rows * model.HIDDEN
+        return self._f32("gu")
 
     @property
     def routed_y(self) -> int:
-        """[picks, 7168] each pick's down output times its routing weight, f32."""
-        return self.gu + self.picks * 2 * self.inter
-
-    @property
-    def f32_words(self) -> int:
-        return self.routed_y + self.picks * model.HIDDEN
+        return self._f32("routed_y")
 
     # i32 words
     @property
     def ids(self) -> int:
-        """[rows, 6] the chosen experts (a hash layer's as given)."""
-        return super().i32_words
+        return self._i32("ids")
 
     @property
     def union(self) -> int:
-        """[384] union slot -> expert; then [1] the union's size."""
-        return self.ids + self.rows * TOPK
+        return self._i32("union")
 
     @property
     def union_size(self) -> int:
-        return self.union + EXPERTS
+        return self._i32("union_size")
 
     @property
     def pick_of(self) -> int:
-        """[union_max, rows] (slot, row) -> the row's pick of that slot's expert (its last entry
-        naming it, moe_kernel.row_pick), or -1."""
-        return self.union_size + 1
+        return self._i32("pick_of")
 
     @property
     def slot_of(self) -> int:
-        """[384] expert -> its union slot, or -1 when no live row chose it (S16 finds the S15
-        tasks of its pick's expert by it)."""
-        return self.pick_of + self.union_max * self.rows
-
-    @property
-    def i32_words(self) -> int:
-        return self.slot_of + EXPERTS
+        return self._i32("slot_of")
 
     # bytes: the MXFP8 operands of the two downs
     @property
@@ -314,22 +353,16 @@ class K2MoeLayout(K2Layout):
 
     @property
     def sh_codes(self) -> int:
-        """[operand_rows, inter] e4m3 of the shared expert's h."""
-        return super().bytes
+        return self._byte("sh_codes")
 
     @property
     def sh_scales(self) -> int:
-        return self.sh_codes + self.operand_rows * self.inter
+        return self._byte("sh_scales")
 
     @property
     def rh_codes(self) -> int:
-        """[pick_rows, inter] e4m3 of each pick's routed h."""
-        return -(-(self.sh_scales + self.operand_rows * self.inter // 32) // 256) * 256
+        return self._byte("rh_codes")
 
     @property
     def rh_scales(self) -> int:
-        return self.rh_codes + self.pick_rows * self.inter
-
-    @property
-    def bytes(self) -> int:
-        return -(-(self.rh_scales + self.pick_rows * self.inter // 32) // 256) * 256
+        return self._byte("rh_scales")
