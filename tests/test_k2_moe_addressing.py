@@ -14,13 +14,13 @@ import pytest
 import torch
 from gemv_model import Mxfp8Scratch
 
-from mono_jit import model
+from mono_jit import deepseek_v4
 from mono_jit.templates.k1 import addressing as k1a
 from mono_jit.templates.k1 import reference as k1ref
 from mono_jit.templates.k2 import moe_addressing as ma
 
-H = model.HIDDEN
-INTER = model.MOE_INTERMEDIATE // 8  # a routed expert's rank share at TP 8
+H = deepseek_v4.HIDDEN
+INTER = deepseek_v4.MOE_INTERMEDIATE // 8  # a routed expert's rank share at TP 8
 EXPERTS = 3  # the emulated expert is the last: its offsets carry a non-zero expert base
 LANES = torch.arange(64)
 BYTES16 = torch.arange(16)
@@ -277,7 +277,7 @@ def test_offsets_cover_one_experts_bytes_once_and_stay_inside_it(rows, k):
     steps = torch.arange(k // 128)[None, :, None]
     weight_bytes, scale_bytes = ma.expert_weight_bytes(rows, k), ma.expert_scale_bytes(rows, k)
     assert scale_bytes == rows * -(-(k // 32) // 8) * 8
-    for expert in (0, 1, model.ROUTED_EXPERTS - 1):
+    for expert in (0, 1, deepseek_v4.ROUTED_EXPERTS - 1):
         pieces = ma.weight_offset(expert, tiles, steps, LANES, rows, k).flatten()
         assert torch.equal(pieces.sort().values, expert * weight_bytes + torch.arange(0, weight_bytes, 16))
         codes = ma.scale_offset(expert, tiles, steps, LANES, rows, k).flatten() - expert * scale_bytes

@@ -18,7 +18,7 @@ from mono_jit.templates.k1.layout import CTAS, TILE_N
 from mono_jit.templates.k2.layout import K2Layout
 from mono_jit.templates.k2.moe_layout import DOWN_TILES, TOPK, K2MoeLayout
 from mono_jit.spec import STANDARD_MAX_TOKENS
-from mono_jit.templates.sync_area import EPOCH_WORD
+from mono_jit.templates.sync_words import EPOCH_WORD
 
 EXPERTS = 384
 POOL = (0, 5, 37, 64, 100, 191, 250, 383, -1)  # a launch's ids: rows share experts; -1 chooses none

@@ -43,14 +43,14 @@ import flydsl.expr as fx
 import torch
 from flydsl.expr import const_expr, gpu, range_constexpr
 
-from ... import model
+from ... import deepseek_v4
 from ...spec import Spec
 from .._dsl import WAVE, butterfly, dsl, flat_view, load_global, load_scalar, store, wave_sum
 from .._gemv import Fp8Weight, Mxfp8Rows, gemv_reduce, gemv_steps
 from .._numerics import VEC, bf16_round, bf16x8, e8m0, e8m0_inverse, amax8, fp8x8, block_sum, load8_f32, \
     mx_store, rope8, rsqrt
 from .._seam import fold_row, mix_weights, seam_row
-from .._sync import arrive, leave, publish, step_tag, wait
+from ..sync_device import arrive, leave, publish, step_tag, wait
 from ..base import Build
 from ..schedule import Stage
 from . import addressing as ad
@@ -59,7 +59,7 @@ from .layout import (CTAS, EPS, HEAD_DIM, KV_LORA, KV_SCALE_BLOCK, KV_SCALES, LD
                      SEAM_CHUNKS, SEAM_GROUP, STREAMS, THREADS, TILE_N, WAVES, WEIGHT_BLOCK, K1Layout)
 from .reference import KV_AMAX_FLOOR
 
-H = model.HIDDEN
+H = deepseek_v4.HIDDEN
 
 
 @fx.struct

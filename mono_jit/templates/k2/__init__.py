@@ -94,7 +94,7 @@ class K2Template(Template):
     name = "k2"
     spec_fields = ("tp", "ratio", "topk_width", "max_tokens")
     source_files = COMMON_SOURCES + (
-        "templates/_sync.py", "templates/sync_area.py", "templates/schedule.py", "templates/_numerics.py",
+        "templates/sync_device.py", "templates/sync_words.py", "templates/schedule.py", "templates/_numerics.py",
         "templates/_gemv.py",
         "templates/_seam.py", "templates/k1/__init__.py", "templates/k1/layout.py", "templates/k1/addressing.py",
         "templates/k1/reference.py", "templates/keytable/__init__.py", "templates/keytable/kernel.py",

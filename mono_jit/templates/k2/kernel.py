@@ -49,7 +49,7 @@ import flydsl.expr as fx
 import torch
 from flydsl.expr import const_expr, gpu, range_constexpr
 
-from ... import model
+from ... import deepseek_v4
 from ...spec import Spec
 from .._dsl import (WAVE, butterfly, dsl, flat_view, fresh, fresh_pointer, fresh_scalar, load, load_global,
                     load_scalar, pointer_code, pointer_load, realtime, store, store_scalar, table_entry,
@@ -57,7 +57,7 @@ from .._dsl import (WAVE, butterfly, dsl, flat_view, fresh, fresh_pointer, fresh
 from .._gemv import Fp8Weight, Mxfp8Rows, gemv_reduce, gemv_steps
 from .._numerics import LOG2E, VEC, bf16_round, e8m0_scale, fp8x4_to_f32, load8_f32, mx_store, rope8
 from .._seam import fold_row, mix_weights, seam_row
-from .._sync import arrive, leave, publish, step_tag, trap_if, wait
+from ..sync_device import arrive, leave, publish, step_tag, trap_if, wait
 from .. import schedule as sched
 from ..base import Build
 from ..k1 import addressing as ad
@@ -74,7 +74,7 @@ from . import moe_addressing as ma
 from . import moe_kernel as mk
 from .reference import SCALE
 
-H = model.HIDDEN
+H = deepseek_v4.HIDDEN
 PEERS = 8  # peer-buffer arguments: always eight, the ones past tp unused (a stable ABI)
 KEY_STEP = 4  # keys whose loads a S2 lane has in flight together
 SLICE, NOPE_SLICES = k2a.SLICE, k2a.NOPE_SLICES  # S2: 16 dims a lane; 28 lanes of a head read e4m3
@@ -442,7 +442,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
     """The K2 part-one kernel with the given stages (all of them for K2 itself); a subset is a
     standalone launch of those stages that reads its inputs from the buffers as the caller
     prepared them (k1/kernel.make_kernel), for the per-stage tests on a GPU."""
-    rows, row_tiles, csa = lay.rows, lay.seam.row_tiles, lay.ratio == model.CSA_RATIO
+    rows, row_tiles, csa = lay.rows, lay.seam.row_tiles, lay.ratio == deepseek_v4.CSA_RATIO
     half_words = lay.half_bytes // PAIR_BYTES
 
     def waits_in(stage: int) -> bool:
@@ -837,7 +837,7 @@ def placeholders(lay: K2MoeLayout) -> tuple:
     block = 64
     record_page = block * (KV_DATA + KV_SCALES)
     return (
-        empty(rows, i64), empty(rows, i64), empty(rows * model.SWA_WINDOW, i32), empty(rows, i32),
+        empty(rows, i64), empty(rows, i64), empty(rows * deepseek_v4.SWA_WINDOW, i32), empty(rows, i32),
         empty(rows * lay.topk_width, i32), empty(rows, i32), empty(rows * 64, i32),
         empty(4 * record_page, u8), empty(4 * record_page, u8), empty(len(WEIGHT_TABLE), i64),
         empty(len(STATE_TABLE), i64), empty(lay.sync_words, i32), empty(lay.work_words, f32),

@@ -26,7 +26,7 @@ import flydsl.expr as fx
 from flydsl.expr import gpu, range_constexpr
 from flydsl.expr.typing import ReductionOp
 
-from ... import model
+from ... import deepseek_v4 as model  # the MoE stage code keeps its local name until its rewrite lands
 from .._dsl import WAVE, dsl, load, load_code, load_scalar, store_scalar, wave_sum
 from .._gemv import FP4, mfma
 from .._numerics import VEC, bf16_round, load8_f32, mx_store, sigmoid
