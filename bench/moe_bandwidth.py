@@ -30,7 +30,9 @@ import math
 from dataclasses import dataclass
 
 from mono_jit import STANDARD_MAX_TOKENS, deepseek_v4
-from mono_jit.templates.k1.layout import HEAD_DIM, MX_BLOCK, Q_LORA, QKV, STREAMS, WEIGHT_BLOCK, K1Layout
+from mono_jit.deepseek_v4 import HEAD_DIM, Q_LORA, STREAMS
+from mono_jit.templates.geometry import MX_BLOCK, WEIGHT_BLOCK
+from mono_jit.templates.k1.layout import QKV, K1Layout
 from mono_jit.templates.k2.layout import K2Layout
 
 HBM_BYTES_PER_S = 8e12
@@ -48,11 +50,13 @@ def mxfp4_bytes(n: int, k: int) -> int:
     return n * k // 2 + n * k // MX_BLOCK
 
 
-def expected_union(rows: int, experts: int = deepseek_v4.ROUTED_EXPERTS, k: int = deepseek_v4.EXPERTS_PER_TOKEN) -> float:
+def expected_union(rows: int, experts: int = deepseek_v4.ROUTED_EXPERTS,
+                   k: int = deepseek_v4.EXPERTS_PER_TOKEN) -> float:
     return experts * (1 - (1 - k / experts) ** rows)
 
 
-def expected_union_draws(rows: int, experts: int = deepseek_v4.ROUTED_EXPERTS, k: int = deepseek_v4.EXPERTS_PER_TOKEN) -> float:
+def expected_union_draws(rows: int, experts: int = deepseek_v4.ROUTED_EXPERTS,
+                         k: int = deepseek_v4.EXPERTS_PER_TOKEN) -> float:
     return experts * (1 - (1 - 1 / experts) ** (k * rows))
 
 
@@ -107,7 +111,8 @@ def main() -> None:
     args = parser.parse_args()
     mb = 1e6
     print(f"weights read per rank per step, one layer, TP{args.tp}; floor at {HBM_BYTES_PER_S / 1e12:.0f} TB/s "
-          f"(MB = 1e6 bytes; {deepseek_v4.ROUTED_EXPERTS} experts, top-{deepseek_v4.EXPERTS_PER_TOKEN} a row at random)")
+          f"(MB = 1e6 bytes; {deepseek_v4.ROUTED_EXPERTS} experts, "
+           f"top-{deepseek_v4.EXPERTS_PER_TOKEN} a row at random)")
     print(f"{'rows':>4} {'experts':>8} {'(6M draws)':>10} {'routed MB':>10} {'shared MB':>9} {'router MB':>9} "
           f"{'attn MB':>8} {'mHC MB':>7} {'total MB':>9} {'floor us':>9} {'x61 ms':>7}")
     for rows in sorted({int(r) for r in args.max_tokens.split(",")}):

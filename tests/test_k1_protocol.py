@@ -19,7 +19,8 @@ from dataclasses import replace
 import pytest
 
 from mono_jit.templates.k1 import addressing as ad
-from mono_jit.templates.k1.layout import BYTE_REGIONS, CTAS, F32_REGIONS, SCHEDULE, K1Layout
+from mono_jit.templates.geometry import CTAS
+from mono_jit.templates.k1.layout import BYTE_REGIONS, F32_REGIONS, SCHEDULE, K1Layout
 from mono_jit.templates.schedule import hand_off_errors
 from mono_jit.templates.sync_words import ARRIVE_WORD, EPOCH_WORD, EXIT_WORD
 

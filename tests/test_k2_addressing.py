@@ -12,9 +12,9 @@ from gemv_model import Fp8Weight, Mxfp8Scratch, problem, task_accumulators
 
 from mono_jit import deepseek_v4
 from mono_jit.spec import STANDARD_MAX_TOKENS
-from mono_jit.templates.k1 import addressing as ad
+from mono_jit.templates import addressing as ad
 from mono_jit.templates.k1 import reference as k1ref
-from mono_jit.templates.k1.layout import KV_DATA, KV_SCALES, THREADS, WAVES
+from mono_jit.templates.geometry import KV_DATA, KV_SCALES, THREADS, WAVES
 from mono_jit.templates.k2 import addressing as k2a
 from mono_jit.templates.k2.layout import K2Layout
 

@@ -11,10 +11,10 @@ import pytest
 
 from mono_jit import deepseek_v4
 from mono_jit.spec import STANDARD_MAX_TOKENS, Spec
-from mono_jit.templates.k1.layout import CTAS, SEAM_CHUNK, SEAM_GROUP, THREADS, TILE_N
-from mono_jit.templates.k2.layout import (
-    BYTE_REGIONS, F32_REGIONS, HEAD_TILE, I32_REGIONS, O_LORA, SCHEDULE, TWO_HOP_ROWS, WOA_PARTS, WOB_TILES, K2Layout,
-    allreduce_seconds, two_hop_threshold)
+from mono_jit.templates.geometry import CTAS, SEAM_CHUNK, SEAM_GROUP, THREADS, TILE_N
+from mono_jit.templates.k2.layout import (BYTE_REGIONS, F32_REGIONS, HEAD_TILE, I32_REGIONS, O_LORA, SCHEDULE,
+                                          TWO_HOP_ROWS, WOA_PARTS, WOB_TILES, K2Layout, allreduce_seconds,
+                                          two_hop_threshold)
 from mono_jit.templates.schedule import hand_off_errors
 from mono_jit.templates.sync_words import FIRST_FLAG
 

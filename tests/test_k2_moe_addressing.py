@@ -15,7 +15,7 @@ import torch
 from gemv_model import Mxfp8Scratch
 
 from mono_jit import deepseek_v4
-from mono_jit.templates.k1 import addressing as k1a
+from mono_jit.templates import addressing as shared_addressing
 from mono_jit.templates.k1 import reference as k1ref
 from mono_jit.templates.k2 import moe_addressing as ma
 
@@ -197,7 +197,7 @@ def test_the_fp4_lane_map_is_the_models():
         assert torch.equal(k0 - step * 128, mm.K_OF_NIBBLE[:, 0])
         block = ma.fp4_operand_block(step, LANES)
         assert torch.equal(16 * (block - 4 * step) + LANES % 16, mm.SCALE_LANE[LANES % 16, k0 % 128])
-        assert torch.equal(block, k1a.operand_block(step, LANES))  # the activations' block, lane by lane
+        assert torch.equal(block, shared_addressing.operand_block(step, LANES))  # the activations' block, lane by lane
 
 
 # -- an expert's GEMVs through the addressing ----------------------------------------------------
@@ -215,9 +215,9 @@ def _emulate(w: Expert, expert: int, acts: Mxfp8Scratch, m: int) -> torch.Tensor
     """[m, rows] in the weight's tile order: per 16-row tile, the MFMAs over every K step with the
     fp4 weight tile in A (cbsz FP4) and 16 activation rows in B (blgp FP8)."""
     steps = w.k // 128
-    bs = [acts.operand(k1a.operand_token(0, LANES), step) for step in range(steps)]
+    bs = [acts.operand(shared_addressing.operand_token(0, LANES), step) for step in range(steps)]
     out = torch.zeros(16, w.rows, dtype=torch.float64)
-    i, j = k1a.result_lane(LANES[:, None], ELEMENTS[None, :])
+    i, j = shared_addressing.result_lane(LANES[:, None], ELEMENTS[None, :])
     for tile in range(w.rows // 16):
         acc = torch.zeros(64, 4, dtype=torch.float64)
         for step, (b, sb) in enumerate(bs):

@@ -14,7 +14,7 @@ import pytest
 from test_k2_protocol import World, needs
 
 from mono_jit.spec import STANDARD_MAX_TOKENS
-from mono_jit.templates.k1.layout import CTAS, TILE_N
+from mono_jit.templates.geometry import CTAS, TILE_N
 from mono_jit.templates.k2.layout import K2Layout
 from mono_jit.templates.k2.moe_layout import DOWN_TILES, TOPK, K2MoeLayout
 from mono_jit.spec import STANDARD_MAX_TOKENS

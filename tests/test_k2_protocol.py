@@ -25,7 +25,7 @@ from typing import Callable
 
 import pytest
 
-from mono_jit.templates.k1.layout import CTAS, SEAM_GROUP, TILE_N
+from mono_jit.templates.geometry import CTAS, SEAM_GROUP, TILE_N
 from mono_jit.templates.k2.layout import HEAD_TILE, O_LORA, WOA_PARTS, K2Layout
 from mono_jit.templates.sync_words import ARRIVE_WORD, EPOCH_WORD, EXIT_WORD
 

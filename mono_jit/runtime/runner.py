@@ -42,7 +42,9 @@ from ..config import Settings
 from ..errors import CaptureError
 from ..resolution import capturing
 from ..spec import STANDARD_MAX_TOKENS, bucket_for
+from ..deepseek_v4 import HEAD_DIM, Q_LORA, STREAMS
 from ..templates import get
+from ..templates.geometry import CTAS, KV_RECORD, PEERS
 from ..templates.k2.addressing import RECORD_CHUNK
 from ..templates.k2.layout import STATE_TABLE, WEIGHT_TABLE
 from ..templates.k2.moe_layout import TOPK
@@ -56,11 +58,9 @@ from .weights import MonoLayerWeights
 
 log = logging.getLogger("mono_jit.runtime")
 
-BLOCKS = 256  # CTAs of a persistent launch: every one resident, one per CU (vLLM's CU gate)
+BLOCKS = CTAS  # CTAs of a persistent launch: every one resident, one per CU (vLLM's CU gate)
 MAX_TOKENS = deepseek_v4.MAX_DECODE_TOKENS
-H, STREAMS, Q_LORA, HEAD_DIM = deepseek_v4.HIDDEN, 4, 1536, 512
-RECORD = 584
-PEER_TABLE = 8  # entries of a peers table (K2's `peers`: every rank's address, 0 past tp)
+H = deepseek_v4.HIDDEN
 
 
 class _Declined(tuple):
@@ -124,10 +124,10 @@ class HookCall:
             if tensor.dtype != torch.int64 or tensor.dim() != 1 or tensor.shape[0] < m or not tensor.is_contiguous():
                 raise ValueError(f"{name}: {tuple(tensor.shape)} {tensor.dtype}; expected contiguous int64 [>= {m}]")
         for name, cache in (("swa_cache", self.swa_cache), ("comp_cache", self.comp_cache)):
-            if cache.dtype != torch.uint8 or cache.dim() != 3 or cache.shape[2] != RECORD or \
-                    cache.stride()[1:] != (RECORD, 1):
+            if cache.dtype != torch.uint8 or cache.dim() != 3 or cache.shape[2] != KV_RECORD or \
+                    cache.stride()[1:] != (KV_RECORD, 1):
                 raise ValueError(f"{name}: {tuple(cache.shape)} {cache.dtype} strides {cache.stride()}; expected "
-                                 f"uint8 [pages, block, {RECORD}] with rows {RECORD} bytes apart")
+                                 f"uint8 [pages, block, {KV_RECORD}] with rows {KV_RECORD} bytes apart")
             if cache.stride(0) % RECORD_CHUNK:  # a record's chunks would straddle others' bytes, unnoticed
                 raise ValueError(f"{name}: page stride {cache.stride(0)} bytes; expected a multiple of {RECORD_CHUNK} "
                                  f"(K2 reads the records as {RECORD_CHUNK}-byte chunks of the cache)")
@@ -280,7 +280,7 @@ class MonoRunner:
                 if self.device.type == "cpu":  # the peers' buffers are other processes' host memory
                     self._expose_peers(f"{build.template}{build.spec.max_tokens}r{build.spec.ratio}.{b.name}",
                                        peers.addresses, peers.local.elements)
-                addresses = peers.addresses + [0] * (PEER_TABLE - len(peers.addresses))
+                addresses = peers.addresses + [0] * (PEERS - len(peers.addresses))
                 self.buffers[build][b.peers] = self._table(addresses)
         return None
 
@@ -453,7 +453,7 @@ def pages(cache: torch.Tensor) -> torch.Tensor:
     """vLLM's [pages, block, 584] record view of a KV cache as the flat bytes the pages span
     (page p at p x page stride: its block's data rows, then their scale bytes)."""
     count, block, _ = cache.shape
-    return torch.as_strided(cache, ((count - 1) * cache.stride(0) + block * RECORD,), (1,))
+    return torch.as_strided(cache, ((count - 1) * cache.stride(0) + block * KV_RECORD,), (1,))
 
 
 def _hip_of(backend: Backend) -> Any:

@@ -21,9 +21,9 @@ import torch
 
 from .. import deepseek_v4
 from ..errors import MonoJitError
-from ..templates.k1.layout import HEAD_DIM, KV_LORA, MIXES, Q_LORA
-from ..templates.k1.layout import MX_BLOCK as MX  # a 32 x 32 scale block, as vLLM's _mx_scales makes them
-from ..templates.k1.layout import WEIGHT_BLOCK as CHECKPOINT_BLOCK
+from ..deepseek_v4 import HEAD_DIM, KV_LORA, MIXES, Q_LORA
+from ..templates.geometry import MX_BLOCK as MX  # a 32 x 32 scale block, as vLLM's _mx_scales makes them
+from ..templates.geometry import WEIGHT_BLOCK as CHECKPOINT_BLOCK
 from ..templates.k2.layout import O_LORA
 
 SHARED_INTERMEDIATE = 3072

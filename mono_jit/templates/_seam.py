@@ -19,8 +19,9 @@ from flydsl.expr import const_expr, gpu, range_constexpr
 from .. import deepseek_v4
 from ._dsl import butterfly, dsl, load, load_scalar, pointer_load, store, store_scalar, wave_sum
 from ._numerics import LOG2E, VEC, bf16_round, bf16x8, block_sum, mx_store, rsqrt, sigmoid
-from .k1.layout import EPS, MIXES, PARTIALS, SEAM_CHUNKS, STREAMS, THREADS, WAVES
-from .k1.reference import HC_POST_ALPHA, SINKHORN_ROUNDS
+from ..deepseek_v4 import EPS, MIXES, STREAMS
+from .geometry import PARTIALS, SEAM_CHUNKS, THREADS, WAVES
+from ..deepseek_v4 import HC_POST_ALPHA, SINKHORN_ROUNDS
 
 H = deepseek_v4.HIDDEN
 ROW_CHUNKS = H // VEC  # 896

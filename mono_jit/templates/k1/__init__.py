@@ -45,7 +45,8 @@ from __future__ import annotations
 from ...resources import Budget
 from ...spec import Spec
 from ..base import COMMON_SOURCES, Argument, LaunchShape, Template, WorkBuffer
-from .layout import CTAS, PIN_LDS_BYTES, THREADS, K1Layout
+from ..geometry import CTAS, THREADS
+from .layout import PIN_LDS_BYTES, K1Layout
 
 
 class K1Template(Template):
@@ -53,7 +54,7 @@ class K1Template(Template):
     spec_fields = ("tp", "max_tokens")
     source_files = COMMON_SOURCES + (
         "templates/sync_device.py", "templates/sync_words.py", "templates/schedule.py", "templates/_numerics.py",
-        "templates/_gemv.py",
+        "templates/_gemv.py", "templates/addressing.py",
         "templates/_seam.py", "templates/k1/__init__.py", "templates/k1/layout.py",
         "templates/k1/addressing.py", "templates/k1/reference.py", "templates/k1/kernel.py")
     kernel_module = ".kernel"

@@ -15,12 +15,9 @@ import torch
 
 from ... import deepseek_v4
 from ...spec import Spec
-from .layout import (EPS, HEAD_DIM, KV_DATA, KV_LORA, KV_RECORD, KV_SCALE_BLOCK, MX_BLOCK, NOPE, Q_LORA, ROPE,
-                     SEAM_CHUNK, STREAMS, WEIGHT_BLOCK)
+from ...deepseek_v4 import EPS, HC_POST_ALPHA, HEAD_DIM, KV_LORA, NOPE, Q_LORA, ROPE, SINKHORN_ROUNDS, STREAMS
+from ..geometry import E4M3_MAX, KV_DATA, KV_RECORD, KV_SCALE_BLOCK, MX_BLOCK, SEAM_CHUNK, WEIGHT_BLOCK
 
-E4M3_MAX = 448.0
-SINKHORN_ROUNDS = 20
-HC_POST_ALPHA = 2.0
 KV_AMAX_FLOOR = 1e-4  # vLLM's insert floors a 64-block's amax before choosing its scale
 
 

@@ -32,7 +32,8 @@ import torch
 from ... import deepseek_v4
 from ...runtime.host_memory import host_tensor
 from ...spec import Spec
-from ..k1.layout import STREAMS, WEIGHT_BLOCK
+from ...deepseek_v4 import STREAMS
+from ..geometry import WEIGHT_BLOCK
 from . import moe_reference as moe
 from . import reference as part_one
 from .layout import O_LORA, STATE_TABLE, WEIGHT_TABLE

@@ -81,8 +81,10 @@ from functools import cached_property
 
 from ... import deepseek_v4
 from ...spec import Spec
-from ..k1.layout import (CTAS, HEAD_DIM, LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS, MX_BLOCK, PARTIALS,
-                         SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, TILE_N, K1Layout)
+from ...deepseek_v4 import HEAD_DIM
+from ..geometry import (CTAS, LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS, MX_BLOCK, PAIR_BYTES, PARTIALS, PEERS,
+                        SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, TILE_N)
+from ..k1.layout import K1Layout
 from ...resources import LDS_PER_CU
 from .. import schedule as sched
 
@@ -93,14 +95,13 @@ HEADS_PER_GROUP = deepseek_v4.HEADS // deepseek_v4.OUTPUT_GROUPS  # 8: a wo_a gr
 WOA_PARTS = 2  # wo_a's K split
 MERGE_BLOCK = HEADS_PER_GROUP // WOA_PARTS  # 4 heads: one wo_a K half
 WOB_TILES = deepseek_v4.HIDDEN // TILE_N  # 448
-PAIR_BYTES = 8  # (value, tag): one 8-byte store
 ROW_ALIGN = 256  # bytes: every region starts on a 256-byte boundary
 
 # LDS (f32 words): K1's block-reduction, gate and split-K areas (the shared seam and GEMV code
 # use them), and the 128 reduced values of the S7 row being folded. The pin keeps one CTA a CU,
 # as K1's (k1/layout.py PIN_LDS_BYTES).
 LDS_Y_WORDS = SEAM_CHUNK
-LDS_PEER_WORDS = 16  # eight ranks' peer-buffer addresses
+LDS_PEER_WORDS = 2 * PEERS  # every rank's peer-buffer address (low, high words)
 LDS_MOE_WORDS = deepseek_v4.ROUTED_EXPERTS  # S11: the experts' chosen flags, then the union's slots
 STATIC_LDS_BYTES = 4 * (LDS_RED_WORDS + LDS_GATE_WORDS + LDS_ACC_WORDS + LDS_Y_WORDS + LDS_PEER_WORDS + LDS_MOE_WORDS)
 PIN_LDS_BYTES = LDS_PER_CU // 2 + 64 - STATIC_LDS_BYTES

@@ -46,7 +46,7 @@ column) of `shuffle_scale`'s non-interleaved order).
 
 from __future__ import annotations
 
-from ..k1.layout import MX_BLOCK, TILE_K, TILE_N
+from ..geometry import MX_BLOCK, TILE_K, TILE_N
 
 FP4_BYTES = TILE_K // 2  # bytes of one row's K step: 128 e2m1 values
 LANE_BYTES = FP4_BYTES // 4  # an fp4 operand lane's 16 bytes: 32 values

@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ... import deepseek_v4 as model  # the MoE stage code keeps its local name until its rewrite lands
-from ..k1.layout import SEAM_GROUP, TILE_N
+from ..geometry import SEAM_GROUP, TILE_N
 from .layout import WOB_TILES, K2Layout
 
 EXPERTS = model.ROUTED_EXPERTS  # 384

@@ -24,7 +24,8 @@ import torch
 
 from ... import deepseek_v4
 from ..k1 import reference as k1
-from ..k1.layout import MX_BLOCK, STREAMS
+from ...deepseek_v4 import STREAMS
+from ..geometry import MX_BLOCK
 from ..router import reference as router
 from . import reference as part_one
 
@@ -304,6 +305,7 @@ def moe_shards(tp: int = 8) -> int:
     """The routed and the shared intermediate a rank holds: MOE_INTERMEDIATE / tp (FusedMoE's
     intermediate_size_per_partition; DeepseekV4MLP's MergedColumnParallelLinear share)."""
     if deepseek_v4.MOE_INTERMEDIATE % tp or (deepseek_v4.MOE_INTERMEDIATE // tp) % (2 * K_LANE * K_PACK):
-        raise ValueError(f"TP {tp} does not split the intermediate {deepseek_v4.MOE_INTERMEDIATE} in 128-value fp4 tiles")
+        raise ValueError(f"TP {tp} does not split the intermediate {deepseek_v4.MOE_INTERMEDIATE} in 128-value "
+                         "fp4 tiles")
     return deepseek_v4.MOE_INTERMEDIATE // tp
 

@@ -17,7 +17,8 @@ import torch
 
 from ... import deepseek_v4
 from ..k1 import reference as k1
-from ..k1.layout import HEAD_DIM, KV_RECORD, MX_BLOCK, NOPE, WEIGHT_BLOCK
+from ...deepseek_v4 import HEAD_DIM, NOPE
+from ..geometry import KV_RECORD, MX_BLOCK, WEIGHT_BLOCK
 from ..keytable.reference import key_table
 from .layout import O_LORA
 LOG2E = math.log2(math.e)  # natural logits to base 2: the softmax runs on exp2

@@ -15,7 +15,8 @@ from flydsl.expr import const_expr, range_constexpr
 
 from ... import deepseek_v4
 from ...spec import Spec
-from .._dsl import WAVE, dsl, flat_view, inclusive_count, last_lane, load_scalar, store_scalar
+from ..geometry import WAVE
+from .._dsl import dsl, flat_view, inclusive_count, last_lane, load_scalar, store_scalar
 from ..base import Build
 
 SWA = deepseek_v4.SWA_WINDOW

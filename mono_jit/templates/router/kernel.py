@@ -22,7 +22,8 @@ from flydsl.expr.typing import ReductionOp
 
 from ... import deepseek_v4
 from ...spec import Spec
-from .._dsl import WAVE, better, flat_view, load, load_scalar, store_scalar, wave_argmax, wave_sum
+from ..geometry import WAVE
+from .._dsl import better, flat_view, load, load_scalar, store_scalar, wave_argmax, wave_sum
 from ..base import Build
 from . import BLOCK
 

@@ -9,7 +9,8 @@ tensor through a plain global pointer (a stride bug the emulator must catch).
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 
-from mono_jit.templates._dsl import WAVE, flat_view, load, load_global, load_scalar, store, store_scalar
+from mono_jit.templates.geometry import WAVE
+from mono_jit.templates._dsl import flat_view, load, load_global, load_scalar, store, store_scalar
 from mono_jit.templates.sync_device import publish, step_tag, wait
 from mono_jit.templates.sync_words import FIRST_FLAG
 
