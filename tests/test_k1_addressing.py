@@ -1,5 +1,5 @@
-"""K1's index arithmetic (templates/k1/addressing.py, the same functions the kernel's address
-code is traced from) run on the CPU: the two GEMV stages are emulated MFMA by MFMA through
+"""K1's index arithmetic (templates/addressing.py and templates/k1/addressing.py, the same functions
+the kernel's address code is traced from) run on the CPU: the two GEMV stages are emulated MFMA by MFMA through
 those functions, with operand bytes gathered from flat buffers at the offsets the kernel loads,
 and multiplied by an independent model of the scaled MFMA (tests/support/mfma_model.py, tables from
 vLLM's in-tree mono kernels, AITER and Triton). A wrong lane map, piece offset, scale index,

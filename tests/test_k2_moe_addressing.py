@@ -1,7 +1,7 @@
 """The routed experts' MXFP4 x MXFP8 GEMVs on the CPU: the fp4 operand of the MFMA model
 (tests/support/mfma_model.py) against a plain dequantised matmul and against plausible wrong lane layouts,
 then an expert's gate / up and down GEMVs emulated MFMA by MFMA through the kernel's addressing
-(templates/k2/moe_addressing.py for the weights, k1/addressing.py for the activations) over
+(templates/k2/moe_addressing.py for the weights, templates/addressing.py for the activations) over
 weights laid out by AITER's shuffles, which are re-implemented here from their documented
 permutations (aiter/ops/shuffle.py `shuffle_weight(is_guinterleave=True)` and `shuffle_scale(...,
 is_guinterleave=True)`, as vLLM's AITER_MXFP4_BF16 loading calls them) and checked against

@@ -1,7 +1,7 @@
 """The cache key's source digest covers every file a template's build reads: each built-in
 template's `source_files` equals the mono_jit modules its package and kernel module import,
 transitively (found here by parsing their imports), and editing any of them changes the digest
-(deepseek_v4.py, then model.py, and resources.py were missing, so a width change kept old kernels)."""
+(deepseek_v4.py, then named model.py, and resources.py were missing, so a width change kept old kernels)."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from ..templates.geometry import MX_BLOCK as MX  # a 32 x 32 scale block, as vLL
 from ..templates.geometry import WEIGHT_BLOCK as CHECKPOINT_BLOCK
 from ..templates.k2.layout import O_LORA
 
-SHARED_INTERMEDIATE = 3072
+SHARED_INTERMEDIATE = deepseek_v4.MOE_INTERMEDIATE  # one shared expert, as wide as a routed one
 
 
 class WeightError(MonoJitError, ValueError):

@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from ..deepseek_v4 import Q_LORA
+from ..deepseek_v4 import HIDDEN as H, Q_LORA
 from ..errors import MonoJitError
 from ..templates.geometry import KV_DATA, KV_RECORD, KV_SCALES
 from ..templates.k1 import reference as ref
@@ -24,7 +24,6 @@ class Mismatch(MonoJitError, AssertionError):
     """An output of the kernel disagrees with its reference beyond the stated bound."""
 
 
-H = 7168
 BLOCK, PAGES = 64, 4
 # 37440: the page's records rounded up to whole 576-byte data rows, as vLLM allocates
 PAGE_STRIDE = -(-BLOCK * KV_RECORD // KV_DATA) * KV_DATA

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..deepseek_v4 import HEAD_DIM, HEADS, HIDDEN as H, MOE_INTERMEDIATE, NOPE, OUTPUT_GROUPS, ROUTED_EXPERTS
+from ..deepseek_v4 import EPS, HEAD_DIM, HEADS, HIDDEN as H, MOE_INTERMEDIATE, NOPE, OUTPUT_GROUPS, ROUTED_EXPERTS
 from ..templates.geometry import KV_RECORD
 from ..templates.k1 import reference as k1
 from ..templates.k2 import reference as ref
@@ -39,7 +39,6 @@ INTER = MOE_INTERMEDIATE // TP  # a rank's routed and shared intermediate share
 LIVE = tuple(range(0, ROUTED_EXPERTS, 48))  # a sparse layer's reachable experts: every row's six among them
 POSITIONS = [37, 300, 400]  # row 1 is graph padding
 PAD = 1
-EPS = 1e-6
 
 
 # -- the world ------------------------------------------------------------------------------
