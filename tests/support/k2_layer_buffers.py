@@ -18,13 +18,12 @@ import layer_math as lm
 from mono_jit import deepseek_v4
 from mono_jit.runtime.tables import weight_table
 from mono_jit.runtime.weights import AttnWeights, MonoLayerWeights
-from mono_jit.selfcheck.k2_run import K2Run
+from mono_jit.selfcheck.k2_run import PEER_WAIT_US, K2Run
 from mono_jit.spec import Spec
 from mono_jit.templates.k2.layout import STATE_TABLE
 from mono_jit.templates.k2.moe_layout import K2MoeLayout
 
 H = deepseek_v4.HIDDEN
-PEER_WAIT_US = 30_000_000  # the runner's default peer_wait, 30 s
 SENTINEL = -3.0  # in the outputs before the launch
 
 
