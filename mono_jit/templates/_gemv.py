@@ -12,10 +12,9 @@ import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl.expr import gpu, range_constexpr
 
-from .geometry import WAVE
-from ._dsl import dsl, load, load_code, pointer_code, store_scalar
 from . import addressing
-from .geometry import THREADS, TILE_N, WAVES
+from ._dsl import dsl, load, load_code, pointer_code, store_scalar
+from .geometry import THREADS, TILE_N, WAVE, WAVES
 
 
 FP8, FP4 = 0, 4  # the scaled MFMA's operand format codes (cbsz for A, blgp for B): e4m3, e2m1

@@ -10,10 +10,9 @@ import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl.expr import gpu, range_constexpr
 
-from ._dsl import butterfly, dsl, f32_bits, f32_from_bits, load, pointer_load, store, store_scalar, wave_sum
 from ..deepseek_v4 import ROPE
-from .geometry import MX_BLOCK, WAVES
-from .geometry import E4M3_MAX
+from ._dsl import butterfly, dsl, f32_bits, f32_from_bits, load, pointer_load, store, store_scalar, wave_sum
+from .geometry import E4M3_MAX, MX_BLOCK, WAVES
 
 VEC = 8  # values per lane in the row-wise stages (one 16-byte bf16 load)
 LOG2E = 1.4426950408889634

@@ -17,11 +17,10 @@ import flydsl.expr as fx
 from flydsl.expr import const_expr, gpu, range_constexpr
 
 from .. import deepseek_v4
+from ..deepseek_v4 import EPS, HC_POST_ALPHA, MIXES, SINKHORN_ROUNDS, STREAMS
 from ._dsl import butterfly, dsl, load, load_scalar, pointer_load, store, store_scalar, wave_sum
 from ._numerics import LOG2E, VEC, bf16_round, bf16x8, block_sum, mx_store, rsqrt, sigmoid
-from ..deepseek_v4 import EPS, MIXES, STREAMS
 from .geometry import PARTIALS, SEAM_CHUNKS, THREADS, WAVES
-from ..deepseek_v4 import HC_POST_ALPHA, SINKHORN_ROUNDS
 
 H = deepseek_v4.HIDDEN
 ROW_CHUNKS = H // VEC  # 896

@@ -14,8 +14,8 @@ from typing import Any, Mapping
 import torch
 
 from ... import deepseek_v4
-from ...spec import Spec
 from ...deepseek_v4 import EPS, HC_POST_ALPHA, HEAD_DIM, KV_LORA, NOPE, Q_LORA, ROPE, SINKHORN_ROUNDS, STREAMS
+from ...spec import Spec
 from ..geometry import E4M3_MAX, KV_DATA, KV_RECORD, KV_SCALE_BLOCK, MX_BLOCK, SEAM_CHUNK, WEIGHT_BLOCK
 
 KV_AMAX_FLOOR = 1e-4  # vLLM's insert floors a 64-block's amax before choosing its scale

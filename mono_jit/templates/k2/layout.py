@@ -80,8 +80,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from ... import deepseek_v4
-from ...spec import Spec
 from ...deepseek_v4 import HEAD_DIM
+from ...spec import Spec
 from ..geometry import (CTAS, LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS, MX_BLOCK, PAIR_BYTES, PARTIALS, PEERS,
                         SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, TILE_N)
 from ..k1.layout import K1Layout
