@@ -29,8 +29,10 @@ import argparse
 import math
 from dataclasses import dataclass
 
-from mono_jit import STANDARD_MAX_TOKENS, model
-from mono_jit.templates.k1.layout import HEAD_DIM, MX_BLOCK, Q_LORA, QKV, STREAMS, WEIGHT_BLOCK, K1Layout
+from mono_jit import STANDARD_MAX_TOKENS, deepseek_v4
+from mono_jit.deepseek_v4 import HEAD_DIM, Q_LORA, STREAMS
+from mono_jit.templates.geometry import MX_BLOCK, WEIGHT_BLOCK
+from mono_jit.templates.k1.layout import QKV, K1Layout
 from mono_jit.templates.k2.layout import K2Layout
 
 HBM_BYTES_PER_S = 8e12
@@ -48,11 +50,13 @@ def mxfp4_bytes(n: int, k: int) -> int:
     return n * k // 2 + n * k // MX_BLOCK
 
 
-def expected_union(rows: int, experts: int = model.ROUTED_EXPERTS, k: int = model.EXPERTS_PER_TOKEN) -> float:
+def expected_union(rows: int, experts: int = deepseek_v4.ROUTED_EXPERTS,
+                   k: int = deepseek_v4.EXPERTS_PER_TOKEN) -> float:
     return experts * (1 - (1 - k / experts) ** rows)
 
 
-def expected_union_draws(rows: int, experts: int = model.ROUTED_EXPERTS, k: int = model.EXPERTS_PER_TOKEN) -> float:
+def expected_union_draws(rows: int, experts: int = deepseek_v4.ROUTED_EXPERTS,
+                         k: int = deepseek_v4.EXPERTS_PER_TOKEN) -> float:
     return experts * (1 - (1 - 1 / experts) ** (k * rows))
 
 
@@ -81,12 +85,12 @@ def k2_floor(experts: float, tp: int) -> dict[str, float]:
     routed experts, per weight with its scale codes: wo_a (groups x [1024, K]), wo_b, the
     router's gate and bias, the routed experts' w13 / w2, the shared expert's gate_up (sgu) and
     down (sw2), the FFN seam's hc_ffn_fn."""
-    h = model.HIDDEN
-    inter = model.MOE_INTERMEDIATE // tp  # routed and shared experts are split alike
-    k2 = K2Layout(tp, model.CSA_RATIO, model.CSA_INDEX_TOPK, 1)
+    h = deepseek_v4.HIDDEN
+    inter = deepseek_v4.MOE_INTERMEDIATE // tp  # routed and shared experts are split alike
+    k2 = K2Layout(tp, deepseek_v4.CSA_RATIO, deepseek_v4.CSA_INDEX_TOPK, 1)
     group_k = k2.heads // k2.groups * HEAD_DIM
     return {"wo_a": fp8_bytes(k2.o_width, group_k), "wo_b": fp8_bytes(h, k2.o_width),
-            "router": model.ROUTED_EXPERTS * h * 2 + model.ROUTED_EXPERTS * 4,
+            "router": deepseek_v4.ROUTED_EXPERTS * h * 2 + deepseek_v4.ROUTED_EXPERTS * 4,
             "w13": experts * mxfp4_bytes(2 * inter, h), "w2": experts * mxfp4_bytes(h, inter),
             "sgu": fp8_bytes(2 * inter, h), "sw2": fp8_bytes(h, inter), "hc_ffn_fn": MIXES * STREAMS * h * 4}
 
@@ -96,7 +100,7 @@ def step(rows: int, tp: int) -> Step:
     k2 = k2_floor(union, tp)
     return Step(rows, union, expected_union_draws(rows), k2["w13"] + k2["w2"], shared=k2["sgu"] + k2["sw2"],
                 router=k2["router"],
-                attention=fp8_bytes(QKV, model.HIDDEN) + fp8_bytes(k1.q_width, Q_LORA) + k2["wo_a"] + k2["wo_b"],
+                attention=fp8_bytes(QKV, deepseek_v4.HIDDEN) + fp8_bytes(k1.q_width, Q_LORA) + k2["wo_a"] + k2["wo_b"],
                 mhc=2 * k2["hc_ffn_fn"])
 
 
@@ -107,7 +111,8 @@ def main() -> None:
     args = parser.parse_args()
     mb = 1e6
     print(f"weights read per rank per step, one layer, TP{args.tp}; floor at {HBM_BYTES_PER_S / 1e12:.0f} TB/s "
-          f"(MB = 1e6 bytes; {model.ROUTED_EXPERTS} experts, top-{model.EXPERTS_PER_TOKEN} a row at random)")
+          f"(MB = 1e6 bytes; {deepseek_v4.ROUTED_EXPERTS} experts, "
+           f"top-{deepseek_v4.EXPERTS_PER_TOKEN} a row at random)")
     print(f"{'rows':>4} {'experts':>8} {'(6M draws)':>10} {'routed MB':>10} {'shared MB':>9} {'router MB':>9} "
           f"{'attn MB':>8} {'mHC MB':>7} {'total MB':>9} {'floor us':>9} {'x61 ms':>7}")
     for rows in sorted({int(r) for r in args.max_tokens.split(",")}):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from mono_jit import api, model
+from mono_jit import api, deepseek_v4
 from mono_jit.errors import SpecError
 from mono_jit.spec import RATIOS, STANDARD_MAX_TOKENS, SUPPORTED_ARCHS
 
@@ -23,7 +23,7 @@ timeout_option = click.option("--timeout", type=click.FloatRange(min=1), default
 
 @click.command()
 @click.option("--tp", type=int, default=8, show_default=True, help="Tensor-parallel size.")
-@click.option("--max-model-len", type=int, default=model.MAX_MODEL_LEN, show_default=True,
+@click.option("--max-model-len", type=int, default=deepseek_v4.MAX_MODEL_LEN, show_default=True,
               help="Max context; sets the HCA top-k width roundup(ceil(len / 128), 128).")
 @click.option("--max-tokens", callback=comma_ints("--max-tokens"), default=None,
               help=f"Comma list of max-tokens buckets [default: {','.join(map(str, STANDARD_MAX_TOKENS))}].")

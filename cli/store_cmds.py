@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from mono_jit import api, model
+from mono_jit import api, deepseek_v4
 from mono_jit.errors import MonoJitError, SpecError
 from mono_jit.spec import SUPPORTED_ARCHS, Spec, deployment_grid
 
@@ -92,7 +92,7 @@ def inspect(key, cache_dir, as_json):
 @template_option(required=True, single=True)
 @click.option("--tp", type=int, default=8, show_default=True, help="Tensor-parallel size.")
 @click.option("--ratio", type=int, default=4, show_default=True, help="Compress ratio: 4 (CSA) or 128 (HCA).")
-@click.option("--max-model-len", type=int, default=model.MAX_MODEL_LEN, show_default=True,
+@click.option("--max-model-len", type=int, default=deepseek_v4.MAX_MODEL_LEN, show_default=True,
               help="Max context; sets the HCA top-k width roundup(ceil(len / 128), 128), as prebuild does.")
 @click.option("--topk-width", type=int, default=None, hidden=True,
               help="The top-k width itself (an older spelling; --max-model-len is the vocabulary).")

@@ -20,7 +20,7 @@ from mono_jit.cache import Entry, Store
 from mono_jit.cache.gc import GcReport
 from mono_jit.cache.stats import count_in
 
-from . import model
+from . import deepseek_v4
 from .config import Settings
 from .health import Checks, cannot_compile_here
 from .errors import MonoJitError, ToolchainError
@@ -87,7 +87,7 @@ class PrebuildReport:
 
 
 def prebuild(templates: Iterable[str | Template] | None = None, *, tp: int = 8,
-             max_model_len: int = model.MAX_MODEL_LEN, max_tokens: Iterable[int] = STANDARD_MAX_TOKENS,
+             max_model_len: int = deepseek_v4.MAX_MODEL_LEN, max_tokens: Iterable[int] = STANDARD_MAX_TOKENS,
              ratios: Iterable[int] = RATIOS, arch: str = "gfx950", jobs: int | None = None, timeout: float = 600.0,
              image_layer: Path | None = None, settings: Settings | None = None,
              progress: Progress | None = None) -> PrebuildReport:
@@ -132,7 +132,7 @@ def _deployment_templates(templates: Iterable[str | Template] | None, settings: 
 
 
 def check_grid(templates: Iterable[str | Template] | None = None, *, tp: int = 8,
-               max_model_len: int = model.MAX_MODEL_LEN, max_tokens: Iterable[int] = STANDARD_MAX_TOKENS,
+               max_model_len: int = deepseek_v4.MAX_MODEL_LEN, max_tokens: Iterable[int] = STANDARD_MAX_TOKENS,
                ratios: Iterable[int] = RATIOS, arch: str = "gfx950", settings: Settings | None = None) -> GridCheck:
     """Whether the layers here serve every build `prebuild` with the same arguments makes:
     each resolved offline as a serving process would (verified, never compiled or fetched, no

@@ -68,6 +68,7 @@ def _seconds(text: str) -> float:
 
 
 PEER_WAIT_MAX = (2**31 - 1) / 1e6  # seconds: K2 takes the limit as i32 microseconds
+PEER_WAIT_DEFAULT = 30.0  # seconds
 
 
 def _peer_wait(text: str) -> float:
@@ -130,7 +131,7 @@ _TABLE: tuple[tuple[str, str, Callable[[str], object], Callable[[], object], str
      "seconds one registry request may take before the registry counts as down"),
     ("prebuild_templates", "MONO_JIT_PREBUILD_TEMPLATES", _words, tuple,
      "templates a plain `mono-jit prebuild` builds besides the layer's (plug-ins, router, keytable; comma list)"),
-    ("peer_wait", "MONO_JIT_PEER_WAIT", _peer_wait, lambda: 30.0,
+    ("peer_wait", "MONO_JIT_PEER_WAIT", _peer_wait, lambda: PEER_WAIT_DEFAULT,
      "seconds a K2 launch waits for a peer rank's all-reduce data before it traps (fails the step)"),
     ("backend", "MONO_JIT_BACKEND", _backend, lambda: "hip",
      "how the runner runs the kernels: hip (the cached code objects) or reference (their torch references)"),

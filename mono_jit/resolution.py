@@ -76,9 +76,9 @@ def capturing() -> bool:
 def max_model_len_for(spec: Spec) -> int:
     """A --max-model-len whose grid holds `spec`: HCA's top-k width is roundup(ceil(len / 128),
     128), so width x 128 gives it back exactly; CSA's width does not depend on it (the default)."""
-    from . import model
+    from . import deepseek_v4
 
-    return spec.topk_width * model.HCA_RATIO if spec.ratio == model.HCA_RATIO else model.MAX_MODEL_LEN
+    return spec.topk_width * deepseek_v4.HCA_RATIO if spec.ratio == deepseek_v4.HCA_RATIO else deepseek_v4.MAX_MODEL_LEN
 
 
 def prebuild_command(template: str, spec: Spec) -> str:

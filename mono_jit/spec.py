@@ -10,15 +10,15 @@ from __future__ import annotations
 import math
 from typing import Iterable, NamedTuple
 
-from . import model
+from . import deepseek_v4
 from .errors import SpecError
 
 STANDARD_MAX_TOKENS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 SUPPORTED_ARCHS: tuple[str, ...] = ("gfx950",)
-RATIOS: tuple[int, ...] = (model.CSA_RATIO, model.HCA_RATIO)
+RATIOS: tuple[int, ...] = (deepseek_v4.CSA_RATIO, deepseek_v4.HCA_RATIO)
 SPEC_FIELDS: tuple[str, ...] = ("tp", "ratio", "topk_width", "max_tokens", "arch")
 # TP must split the 128 heads, the 16 output groups and the 3072-wide expert intermediate.
-_TP_DIVIDES = (model.HEADS, model.OUTPUT_GROUPS, model.MOE_INTERMEDIATE)
+_TP_DIVIDES = (deepseek_v4.HEADS, deepseek_v4.OUTPUT_GROUPS, deepseek_v4.MOE_INTERMEDIATE)
 VALID_TP: tuple[int, ...] = tuple(t for t in range(1, 17) if all(n % t == 0 for n in _TP_DIVIDES))
 MAX_HCA_TOPK_WIDTH = 65536  # an 8M-token context; far above any DeepSeek-V4 deployment
 
@@ -34,8 +34,8 @@ def hca_topk_width(max_model_len: int) -> int:
     _require_int("max_model_len", max_model_len)
     if max_model_len < 1:
         raise SpecError(f"max_model_len={max_model_len}: expected a positive token count")
-    rows = math.ceil(max_model_len / model.HCA_RATIO)
-    return math.ceil(rows / model.HCA_TOPK_ALIGNMENT) * model.HCA_TOPK_ALIGNMENT
+    rows = math.ceil(max_model_len / deepseek_v4.HCA_RATIO)
+    return math.ceil(rows / deepseek_v4.HCA_TOPK_ALIGNMENT) * deepseek_v4.HCA_TOPK_ALIGNMENT
 
 
 class _SpecFields(NamedTuple):
@@ -68,17 +68,17 @@ class Spec(_SpecFields):
         if ratio not in RATIOS:
             raise SpecError(f"ratio={ratio}: expected 4 (CSA) or 128 (HCA)")
         width = _require_int("topk_width", self.topk_width)
-        if ratio == model.CSA_RATIO and width != model.CSA_INDEX_TOPK:
+        if ratio == deepseek_v4.CSA_RATIO and width != deepseek_v4.CSA_INDEX_TOPK:
             raise SpecError(f"topk_width={width}: CSA (ratio 4) uses the indexer's top-k, 1024")
-        if ratio == model.HCA_RATIO and not (
-            0 < width <= MAX_HCA_TOPK_WIDTH and width % model.HCA_TOPK_ALIGNMENT == 0
+        if ratio == deepseek_v4.HCA_RATIO and not (
+            0 < width <= MAX_HCA_TOPK_WIDTH and width % deepseek_v4.HCA_TOPK_ALIGNMENT == 0
         ):
             raise SpecError(
                 f"topk_width={width}: HCA (ratio 128) needs a positive multiple of 128 up to "
                 f"{MAX_HCA_TOPK_WIDTH} (roundup(ceil(max_model_len / 128), 128); 8192 at 1M)"
             )
         max_tokens = _require_int("max_tokens", self.max_tokens)
-        if not 1 <= max_tokens <= model.MAX_DECODE_TOKENS:
+        if not 1 <= max_tokens <= deepseek_v4.MAX_DECODE_TOKENS:
             raise SpecError(f"max_tokens={max_tokens}: expected a bucket from 1 to 64")
         if self.arch not in SUPPORTED_ARCHS:
             raise SpecError(f"arch={self.arch!r}: expected one of {', '.join(SUPPORTED_ARCHS)}")
@@ -111,20 +111,20 @@ def normalise_buckets(buckets: Iterable[int]) -> tuple[int, ...]:
     if not out:
         raise SpecError("max_tokens: expected at least one bucket")
     for b in out:
-        if not 1 <= b <= model.MAX_DECODE_TOKENS:
+        if not 1 <= b <= deepseek_v4.MAX_DECODE_TOKENS:
             raise SpecError(f"max_tokens={b}: expected a bucket from 1 to 64")
     return tuple(out)
 
 
 def deployment_grid(
     tp: int = 8,
-    max_model_len: int = model.MAX_MODEL_LEN,
+    max_model_len: int = deepseek_v4.MAX_MODEL_LEN,
     max_tokens_buckets: Iterable[int] = STANDARD_MAX_TOKENS,
     ratios: Iterable[int] = RATIOS,
     arch: str = "gfx950",
 ) -> list[Spec]:
     """Every Spec one deployment needs: each compress ratio x each max-tokens bucket."""
-    widths = {model.CSA_RATIO: model.CSA_INDEX_TOPK, model.HCA_RATIO: hca_topk_width(max_model_len)}
+    widths = {deepseek_v4.CSA_RATIO: deepseek_v4.CSA_INDEX_TOPK, deepseek_v4.HCA_RATIO: hca_topk_width(max_model_len)}
     grid = []
     for ratio in sorted(set(ratios)):
         if ratio not in widths:

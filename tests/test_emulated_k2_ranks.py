@@ -38,7 +38,7 @@ from mono_jit.selfcheck.emulated import RanksLaunch  # noqa: E402
 from mono_jit.selfcheck.k2_ranks import K2Ranks  # noqa: E402
 from mono_jit.selfcheck.k2_world import TP, full_weights, hash_route_ids, shard, sparse_moe_ranks, world  # noqa: E402
 from mono_jit.spec import Spec  # noqa: E402
-from mono_jit.templates.sync_area import ARRIVE_WORD  # noqa: E402
+from mono_jit.templates.sync_words import ARRIVE_WORD  # noqa: E402
 
 WIDTH = {4: 1024, 128: 8192}
 SHORT_WAIT_US = 20  # 2000 ticks of the 100 MHz clock: a small part of one launch's polling

@@ -21,7 +21,7 @@ from emulator_kernels.lanes import CROSS_LANE, QUAD_SWIZZLE, SWIZZLES  # noqa: E
 from emulator_kernels.memory import ATOMIC_BLOCK, ATOMIC_GRID, COUNTERS, SMALL_BASE  # noqa: E402
 
 from mono_jit.emulator import EmulatorFault, Machine, UnsupportedCode  # noqa: E402
-from mono_jit.templates.sync_area import EPOCH_WORD, FIRST_FLAG  # noqa: E402
+from mono_jit.templates.sync_words import EPOCH_WORD, FIRST_FLAG  # noqa: E402
 
 LANES = 64
 
@@ -307,7 +307,7 @@ def test_global_atomics_from_many_lanes_and_workgroups(kernels):
 
 def test_a_workgroup_waits_for_the_flag_another_publishes(kernels):
     """Workgroup 0 polls the flag (holding the previous step's tag) until workgroup 1 has
-    written the data and published this step's tag (templates/_sync.py's publish and wait)."""
+    written the data and published this step's tag (templates/sync_device.py's publish and wait)."""
     sync = torch.zeros(FIRST_FLAG + 1, dtype=torch.int32)
     sync[EPOCH_WORD] = sync[FIRST_FLAG] = 5  # the flag of step 5 is up; this launch's tag is 6
     data, out = torch.zeros(LANES, dtype=torch.int32), torch.zeros(LANES, dtype=torch.int32)

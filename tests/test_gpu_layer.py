@@ -15,7 +15,7 @@ from layer_math import (ATTN_FIELDS, BOUNDS, LayerStep, check_swa_cache, decode_
                         random_checkpoint_layer, random_step, rank_tensors)
 from test_gpu import _on_gfx950
 
-from mono_jit import model
+from mono_jit import deepseek_v4
 
 TP = 8
 pytestmark = [
@@ -67,9 +67,9 @@ def hook_arguments(step: LayerStep, w, device: str, selected: list) -> tuple[tup
     post_mix, res_mix = (x, x) if first else (dev(step.post_mix), dev(step.res_mix))
     swa = dev(step.swa_cache)
     rows = step.positions.shape[0]
-    csa = w.attn.ratio == model.CSA_RATIO
+    csa = w.attn.ratio == deepseek_v4.CSA_RATIO
     if csa:  # the indexer's output, in the model's [T, 1024] top-k buffer
-        topk = torch.full((rows, model.CSA_INDEX_TOPK), -1, dtype=torch.int32)
+        topk = torch.full((rows, deepseek_v4.CSA_INDEX_TOPK), -1, dtype=torch.int32)
         topk[:, : step.topk.shape[1]] = step.topk
     else:
         topk = step.topk[[r for r in range(rows) if r not in PADS]]
@@ -117,7 +117,7 @@ def _rank_main(rank: int, port: int, ratio: int, hashed: bool, results) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("ratio, hashed", [(model.CSA_RATIO, False), (model.HCA_RATIO, True)])
+@pytest.mark.parametrize("ratio, hashed", [(deepseek_v4.CSA_RATIO, False), (deepseek_v4.HCA_RATIO, True)])
 def test_the_layer_on_8_gpus_matches_vllms_math(ratio, hashed):
     import torch.multiprocessing as mp
 

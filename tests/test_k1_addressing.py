@@ -1,5 +1,5 @@
-"""K1's index arithmetic (templates/k1/addressing.py, the same functions the kernel's address
-code is traced from) run on the CPU: the two GEMV stages are emulated MFMA by MFMA through
+"""K1's index arithmetic (templates/addressing.py and templates/k1/addressing.py, the same functions
+the kernel's address code is traced from) run on the CPU: the two GEMV stages are emulated MFMA by MFMA through
 those functions, with operand bytes gathered from flat buffers at the offsets the kernel loads,
 and multiplied by an independent model of the scaled MFMA (tests/support/mfma_model.py, tables from
 vLLM's in-tree mono kernels, AITER and Triton). A wrong lane map, piece offset, scale index,
@@ -12,9 +12,11 @@ import pytest
 import torch
 from gemv_model import BYTES16, Fp8Weight, Mxfp8Scratch, emulate_gemv, problem
 
-from mono_jit.templates.k1 import addressing as ad
+from mono_jit.templates import addressing as ad
+from mono_jit.templates.k1 import addressing as k1ad
 from mono_jit.templates.k1 import reference as ref
-from mono_jit.templates.k1.layout import CTAS, QKV, S3_TILES, WAVES, K1Layout
+from mono_jit.templates.geometry import CTAS, WAVES
+from mono_jit.templates.k1.layout import QKV, S3_TILES, K1Layout
 
 H = 7168
 
@@ -26,8 +28,8 @@ def _s3(m, shuffled, seed=3):
     acts = Mxfp8Scratch(x_codes, x_scales, m, lay.operand_rows, H)
 
     def wave_work(task, wave):
-        n0, part = ad.s3_task(task)
-        return n0, ad.s3_steps(part, wave), part
+        n0, part = k1ad.s3_task(task)
+        return n0, k1ad.s3_steps(part, wave), part
 
     out, writes = emulate_gemv(weight, acts, m, lay.row_tiles, lay.s3_tasks, wave_work, WAVES, QKV, parts=2)
     want = ref.fp8_gemv(x_codes, x_scales, plain, scales, H).double()
@@ -43,10 +45,10 @@ def _s5(m, shuffled, seed=4, emulate_tasks=32):
     acts = Mxfp8Scratch(x_codes, x_scales, m, lay.operand_rows, 1536)
 
     def wave_work(task, wave):
-        row, first = ad.s5_tile(task, wave)
-        return row, [(first + s, None) for s in range(ad.S5_STEPS)], 0
+        row, first = k1ad.s5_tile(task, wave)
+        return row, [(first + s, None) for s in range(k1ad.S5_STEPS)], 0
 
-    out, writes = emulate_gemv(weight, acts, m, lay.row_tiles, emulate_tasks, wave_work, ad.S5_WAVES_PER_TILE,
+    out, writes = emulate_gemv(weight, acts, m, lay.row_tiles, emulate_tasks, wave_work, k1ad.S5_WAVES_PER_TILE,
                                q_width)
     want = ref.fp8_gemv(x_codes, x_scales, plain, scales, 1536).double()
     return out, writes, want
@@ -85,8 +87,8 @@ def test_every_s5_task_owns_two_distinct_tiles_and_all_k_steps():
     seen = {}
     for task in range(CTAS):
         for wave in range(WAVES):
-            row, first = ad.s5_tile(task, wave)
-            for s in range(ad.S5_STEPS):
+            row, first = k1ad.s5_tile(task, wave)
+            for s in range(k1ad.S5_STEPS):
                 seen.setdefault(row, []).append(first + s)
     assert sorted(seen) == list(range(0, 16 * 512, 16))
     assert all(sorted(steps) == list(range(12)) for steps in seen.values())
@@ -94,9 +96,9 @@ def test_every_s5_task_owns_two_distinct_tiles_and_all_k_steps():
 
 def test_s3_steps_partition_each_k_half():
     for part in range(2):
-        kept = [step for wave in range(WAVES) for step, keep in ad.s3_steps(part, wave) if keep in (None, True)]
+        kept = [step for wave in range(WAVES) for step, keep in k1ad.s3_steps(part, wave) if keep in (None, True)]
         assert sorted(kept) == list(range(part * 28, part * 28 + 28))
-    assert sorted({ad.s3_task(t) for t in range(2 * S3_TILES)}) == sorted(
+    assert sorted({k1ad.s3_task(t) for t in range(2 * S3_TILES)}) == sorted(
         (n0, p) for n0 in range(0, QKV, 16) for p in range(2))
 
 

@@ -11,8 +11,11 @@ import pytest
 import torch
 
 from mono_jit.spec import STANDARD_MAX_TOKENS
-from mono_jit.templates.k1 import addressing as ad
-from mono_jit.templates.k1.layout import CTAS, Q_LORA, QKV, S3_TILES, WAVES, K1Layout
+from mono_jit.templates import addressing as ad
+from mono_jit.templates.k1 import addressing as k1ad
+from mono_jit.deepseek_v4 import Q_LORA
+from mono_jit.templates.geometry import CTAS, WAVES
+from mono_jit.templates.k1.layout import QKV, S3_TILES, K1Layout
 
 H = 7168
 LANES = torch.arange(64)
@@ -26,11 +29,11 @@ def _gemv_work(lay: K1Layout, stage: int):
     for task in range(lay.s3_tasks if stage == 3 else lay.s5_tasks):
         for wave in range(WAVES):
             if stage == 3:
-                n0, part = ad.s3_task(task)
-                wave_steps = [step for step, _ in ad.s3_steps(part, wave)]
+                n0, part = k1ad.s3_task(task)
+                wave_steps = [step for step, _ in k1ad.s3_steps(part, wave)]
             else:
-                n0, first = ad.s5_tile(task, wave)
-                wave_steps = [first + s for s in range(ad.S5_STEPS)]
+                n0, first = k1ad.s5_tile(task, wave)
+                wave_steps = [first + s for s in range(k1ad.S5_STEPS)]
             for step in wave_steps:
                 rows.append(n0 + ad.operand_row(LANES))
                 steps.append(torch.full((64,), step))
@@ -82,8 +85,8 @@ def test_gemv_stores_stay_inside_their_scratch_regions(rows):
     lay = K1Layout(8, rows)
     for waves_per_tile, tasks, width, first, end, n0_of in (
             (WAVES, lay.s3_tasks, QKV, lay.qkv_raw, lay.q_raw,
-             lambda task: (ad.s3_task(task)[0], ad.s3_task(task)[1] * rows * QKV)),
-            (ad.S5_WAVES_PER_TILE, lay.s5_tasks, lay.q_width, lay.q_raw, lay.f32_words,
+             lambda task: (k1ad.s3_task(task)[0], k1ad.s3_task(task)[1] * rows * QKV)),
+            (k1ad.S5_WAVES_PER_TILE, lay.s5_tasks, lay.q_width, lay.q_raw, lay.f32_words,
              lambda task: (task * 32, 0))):
         tiles = WAVES // waves_per_tile
         slots = torch.arange(tiles * lay.row_tiles * 256)

@@ -1,6 +1,6 @@
 """K1's cross-CTA protocol on a model of the grid: 256 CTAs run their hand-offs
 (K1Layout.program, generated from the same schedule table as the kernel's stage loops) under
-random scheduling, on a sync area with the words templates/_sync.py uses. Each flag remembers
+random scheduling, on a sync area with the words templates/sync_device.py uses. Each flag remembers
 which launch wrote it, so a wait that passes on an earlier launch's flag is seen, and each task's
 work checks that the tasks whose output it reads (`producers`, this file's own statement of the
 data flow, not the table's) have finished in this launch.
@@ -19,9 +19,10 @@ from dataclasses import replace
 import pytest
 
 from mono_jit.templates.k1 import addressing as ad
-from mono_jit.templates.k1.layout import BYTE_REGIONS, CTAS, F32_REGIONS, SCHEDULE, K1Layout
+from mono_jit.templates.geometry import CTAS
+from mono_jit.templates.k1.layout import BYTE_REGIONS, F32_REGIONS, SCHEDULE, K1Layout
 from mono_jit.templates.schedule import hand_off_errors
-from mono_jit.templates.sync_area import ARRIVE_WORD, EPOCH_WORD, EXIT_WORD
+from mono_jit.templates.sync_words import ARRIVE_WORD, EPOCH_WORD, EXIT_WORD
 
 
 class Trapped(Exception):
@@ -72,7 +73,7 @@ class Launch:
             words[EXIT_WORD] += 1
             if self.arrival_check and (words[ARRIVE_WORD] > CTAS or before >= CTAS):
                 raise Trapped(cta)
-            if before == CTAS - 1:  # the last one out: epoch first, then the counters (_sync.leave)
+            if before == CTAS - 1:  # the last one out: epoch first, then the counters (sync_device.leave)
                 self.programs[cta] += [("epoch", 0, 0), ("clear arrivals", 0, 0), ("clear exits", 0, 0)]
         elif kind == "epoch":
             words[EPOCH_WORD] = self.tags[cta]

@@ -11,6 +11,7 @@ import pytest
 import torch
 from mono_jit.selfcheck.k1_world import random_activations, random_weights
 
+from mono_jit.deepseek_v4 import EPS
 from mono_jit.spec import Spec
 from mono_jit.templates.k1 import reference as ref
 from mono_jit.templates.k1.layout import K1Layout
@@ -92,8 +93,8 @@ def test_sinkhorn_is_doubly_stochastic():
 def test_sinkhorn_first_step_is_row_softmax_then_columns():
     logits = torch.randn(3, 4, 4)
     one = ref.sinkhorn(logits, rounds=1)
-    soft = torch.exp(logits) / torch.exp(logits).sum(-1, keepdim=True) + ref.EPS
-    torch.testing.assert_close(one, soft / (soft.sum(-2, keepdim=True) + ref.EPS))
+    soft = torch.exp(logits) / torch.exp(logits).sum(-1, keepdim=True) + EPS
+    torch.testing.assert_close(one, soft / (soft.sum(-2, keepdim=True) + EPS))
 
 
 def test_rms_norm_matches_torch():

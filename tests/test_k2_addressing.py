@@ -10,15 +10,15 @@ import pytest
 import torch
 from gemv_model import Fp8Weight, Mxfp8Scratch, problem, task_accumulators
 
-from mono_jit import model
+from mono_jit import deepseek_v4
 from mono_jit.spec import STANDARD_MAX_TOKENS
-from mono_jit.templates.k1 import addressing as ad
+from mono_jit.templates import addressing as ad
 from mono_jit.templates.k1 import reference as k1ref
-from mono_jit.templates.k1.layout import KV_DATA, KV_SCALES, THREADS, WAVES
+from mono_jit.templates.geometry import KV_DATA, KV_SCALES, THREADS, WAVES
 from mono_jit.templates.k2 import addressing as k2a
 from mono_jit.templates.k2.layout import K2Layout
 
-H = model.HIDDEN
+H = deepseek_v4.HIDDEN
 GROUP_K = 8 * 512  # a wo_a group: 8 heads x 512
 LAYOUTS = [K2Layout(8, ratio, width, rows) for ratio, width in ((4, 1024), (128, 8192)) for rows in STANDARD_MAX_TOKENS]
 

@@ -9,16 +9,16 @@ from dataclasses import replace
 
 import pytest
 
-from mono_jit import model
+from mono_jit import deepseek_v4
 from mono_jit.spec import STANDARD_MAX_TOKENS, Spec
-from mono_jit.templates.k1.layout import CTAS, SEAM_CHUNK, SEAM_GROUP, THREADS, TILE_N
-from mono_jit.templates.k2.layout import (
-    BYTE_REGIONS, F32_REGIONS, HEAD_TILE, I32_REGIONS, O_LORA, SCHEDULE, TWO_HOP_ROWS, WOA_PARTS, WOB_TILES, K2Layout,
-    allreduce_seconds, two_hop_threshold)
+from mono_jit.templates.geometry import CTAS, SEAM_CHUNK, SEAM_GROUP, THREADS, TILE_N
+from mono_jit.templates.k2.layout import (BYTE_REGIONS, F32_REGIONS, HEAD_TILE, I32_REGIONS, O_LORA, SCHEDULE,
+                                          TWO_HOP_ROWS, WOA_PARTS, WOB_TILES, K2Layout, allreduce_seconds,
+                                          two_hop_threshold)
 from mono_jit.templates.schedule import hand_off_errors
-from mono_jit.templates.sync_area import FIRST_FLAG
+from mono_jit.templates.sync_words import FIRST_FLAG
 
-WIDTHS = [(model.CSA_RATIO, 1024), (model.HCA_RATIO, 8192), (model.HCA_RATIO, 65536)]
+WIDTHS = [(deepseek_v4.CSA_RATIO, 1024), (deepseek_v4.HCA_RATIO, 8192), (deepseek_v4.HCA_RATIO, 65536)]
 LAYOUTS = [K2Layout.of(Spec(8, ratio, width, rows)) for ratio, width in WIDTHS for rows in STANDARD_MAX_TOKENS]
 
 
@@ -47,13 +47,13 @@ def test_merge_and_output_tables_cover_once(lay):
         tile, half = lay.s4_task(task)
         woa.update((col, half) for col in range(tile * TILE_N, (tile + 1) * TILE_N))
     assert set(woa.values()) == {1} and len(woa) == lay.o_width * WOA_PARTS
-    assert lay.s6_tasks * TILE_N == model.HIDDEN == WOB_TILES * TILE_N
+    assert lay.s6_tasks * TILE_N == deepseek_v4.HIDDEN == WOB_TILES * TILE_N
     seam = Counter()
     for task in range(lay.s7_tasks):
         group, chunk = lay.s7_task(task)
         seam.update((row, col) for row in range(group * SEAM_GROUP, min((group + 1) * SEAM_GROUP, lay.rows))
                     for col in range(chunk * SEAM_CHUNK, (chunk + 1) * SEAM_CHUNK))
-    assert set(seam.values()) == {1} and len(seam) == lay.rows * model.HIDDEN
+    assert set(seam.values()) == {1} and len(seam) == lay.rows * deepseek_v4.HIDDEN
 
 
 @pytest.mark.parametrize("lay", LAYOUTS, ids=_id)
@@ -84,8 +84,8 @@ def test_sync_words_regions_and_waits_fit(lay):
     rows = lay.operand_rows
     u8 = [(lay.xo_codes, rows * lay.heads * 512), (lay.xo_scales, rows * lay.heads * 16),
           (lay.z_codes, rows * lay.o_width), (lay.z_scales, rows * lay.o_width // 32),
-          (lay.partial, 2 * lay.rows * model.HIDDEN), (lay.ffn_codes, rows * model.HIDDEN),
-          (lay.ffn_scales, rows * model.HIDDEN // 32)]
+          (lay.partial, 2 * lay.rows * deepseek_v4.HIDDEN), (lay.ffn_codes, rows * deepseek_v4.HIDDEN),
+          (lay.ffn_scales, rows * deepseek_v4.HIDDEN // 32)]
     _disjoint_and_within(u8, 0, lay.bytes)
     for cta in (0, 1, CTAS - 1):
         for step in lay.program(cta, lay.rows, 0):
@@ -96,7 +96,7 @@ def test_sync_words_regions_and_waits_fit(lay):
 
 @pytest.mark.parametrize("lay", LAYOUTS, ids=_id)
 def test_peer_pairs_fit_their_half_and_units_cover_once(lay):
-    last_row, last_col = lay.rows - 1, model.HIDDEN - 2
+    last_row, last_col = lay.rows - 1, deepseek_v4.HIDDEN - 2
     if lay.two_hop:
         assert lay.rs_pair(lay.tp - 1, last_row, last_col) + 8 <= lay.ag
         assert lay.ag_pair(last_row, last_col) + 8 <= lay.half_bytes

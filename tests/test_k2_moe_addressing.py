@@ -1,7 +1,7 @@
 """The routed experts' MXFP4 x MXFP8 GEMVs on the CPU: the fp4 operand of the MFMA model
 (tests/support/mfma_model.py) against a plain dequantised matmul and against plausible wrong lane layouts,
 then an expert's gate / up and down GEMVs emulated MFMA by MFMA through the kernel's addressing
-(templates/k2/moe_addressing.py for the weights, k1/addressing.py for the activations) over
+(templates/k2/moe_addressing.py for the weights, templates/addressing.py for the activations) over
 weights laid out by AITER's shuffles, which are re-implemented here from their documented
 permutations (aiter/ops/shuffle.py `shuffle_weight(is_guinterleave=True)` and `shuffle_scale(...,
 is_guinterleave=True)`, as vLLM's AITER_MXFP4_BF16 loading calls them) and checked against
@@ -14,13 +14,13 @@ import pytest
 import torch
 from gemv_model import Mxfp8Scratch
 
-from mono_jit import model
-from mono_jit.templates.k1 import addressing as k1a
+from mono_jit import deepseek_v4
+from mono_jit.templates import addressing as shared_addressing
 from mono_jit.templates.k1 import reference as k1ref
 from mono_jit.templates.k2 import moe_addressing as ma
 
-H = model.HIDDEN
-INTER = model.MOE_INTERMEDIATE // 8  # a routed expert's rank share at TP 8
+H = deepseek_v4.HIDDEN
+INTER = deepseek_v4.MOE_INTERMEDIATE // 8  # a routed expert's rank share at TP 8
 EXPERTS = 3  # the emulated expert is the last: its offsets carry a non-zero expert base
 LANES = torch.arange(64)
 BYTES16 = torch.arange(16)
@@ -197,7 +197,7 @@ def test_the_fp4_lane_map_is_the_models():
         assert torch.equal(k0 - step * 128, mm.K_OF_NIBBLE[:, 0])
         block = ma.fp4_operand_block(step, LANES)
         assert torch.equal(16 * (block - 4 * step) + LANES % 16, mm.SCALE_LANE[LANES % 16, k0 % 128])
-        assert torch.equal(block, k1a.operand_block(step, LANES))  # the activations' block, lane by lane
+        assert torch.equal(block, shared_addressing.operand_block(step, LANES))  # the activations' block, lane by lane
 
 
 # -- an expert's GEMVs through the addressing ----------------------------------------------------
@@ -215,9 +215,9 @@ def _emulate(w: Expert, expert: int, acts: Mxfp8Scratch, m: int) -> torch.Tensor
     """[m, rows] in the weight's tile order: per 16-row tile, the MFMAs over every K step with the
     fp4 weight tile in A (cbsz FP4) and 16 activation rows in B (blgp FP8)."""
     steps = w.k // 128
-    bs = [acts.operand(k1a.operand_token(0, LANES), step) for step in range(steps)]
+    bs = [acts.operand(shared_addressing.operand_token(0, LANES), step) for step in range(steps)]
     out = torch.zeros(16, w.rows, dtype=torch.float64)
-    i, j = k1a.result_lane(LANES[:, None], ELEMENTS[None, :])
+    i, j = shared_addressing.result_lane(LANES[:, None], ELEMENTS[None, :])
     for tile in range(w.rows // 16):
         acc = torch.zeros(64, 4, dtype=torch.float64)
         for step, (b, sb) in enumerate(bs):
@@ -277,7 +277,7 @@ def test_offsets_cover_one_experts_bytes_once_and_stay_inside_it(rows, k):
     steps = torch.arange(k // 128)[None, :, None]
     weight_bytes, scale_bytes = ma.expert_weight_bytes(rows, k), ma.expert_scale_bytes(rows, k)
     assert scale_bytes == rows * -(-(k // 32) // 8) * 8
-    for expert in (0, 1, model.ROUTED_EXPERTS - 1):
+    for expert in (0, 1, deepseek_v4.ROUTED_EXPERTS - 1):
         pieces = ma.weight_offset(expert, tiles, steps, LANES, rows, k).flatten()
         assert torch.equal(pieces.sort().values, expert * weight_bytes + torch.arange(0, weight_bytes, 16))
         codes = ma.scale_offset(expert, tiles, steps, LANES, rows, k).flatten() - expert * scale_bytes

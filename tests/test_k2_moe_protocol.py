@@ -15,11 +15,11 @@ import pytest
 from test_k2_protocol import World, needs
 
 from mono_jit.spec import STANDARD_MAX_TOKENS
-from mono_jit.templates.k1.layout import CTAS, TILE_N
+from mono_jit.templates.geometry import CTAS, TILE_N
 from mono_jit.templates.k2.layout import K2Layout
 from mono_jit.templates.k2.moe_layout import DOWN_TILES, SCHEDULE, TOPK, K2MoeLayout
 from mono_jit.templates.schedule import Wait, hand_off_errors, stage
-from mono_jit.templates.sync_area import EPOCH_WORD
+from mono_jit.templates.sync_words import EPOCH_WORD
 
 EXPERTS = 384
 POOL = (0, 5, 37, 64, 100, 191, 250, 383, -1)  # a launch's ids: rows share experts; -1 chooses none

@@ -3,7 +3,7 @@
 scheduling, launch after launch on the same sync areas and peer buffers, a rank starting its
 next launch as soon as its own previous one ended (stream order), a rank's first launch
 possibly late (host work before it), with the words
-templates/_sync.py uses (arrival ticket, epoch read once, tag = epoch + 1 wrapping as an int32,
+templates/sync_device.py uses (arrival ticket, epoch read once, tag = epoch + 1 wrapping as an int32,
 exit counter, the last CTA out advancing the epoch) and the peer half of the epoch's low bit.
 
 Every flag and every peer unit (a task's (value, tag) pairs to one rank) remembers the launch that
@@ -25,9 +25,9 @@ from typing import Callable
 
 import pytest
 
-from mono_jit.templates.k1.layout import CTAS, SEAM_GROUP, TILE_N
+from mono_jit.templates.geometry import CTAS, SEAM_GROUP, TILE_N
 from mono_jit.templates.k2.layout import HEAD_TILE, O_LORA, WOA_PARTS, K2Layout
-from mono_jit.templates.sync_area import ARRIVE_WORD, EPOCH_WORD, EXIT_WORD
+from mono_jit.templates.sync_words import ARRIVE_WORD, EPOCH_WORD, EXIT_WORD
 
 Program = Callable[[K2Layout, int, int, int], list]
 
@@ -208,7 +208,7 @@ class World:
             self.leave(rank, cta)
 
     def leave(self, rank: Rank, cta: Cta) -> None:
-        """_sync.leave: count out; trap on a dirty area; the last out advances the epoch to its tag
+        """sync_device.leave: count out; trap on a dirty area; the last out advances the epoch to its tag
         and clears the counters; then the rank's next launch may start (stream order)."""
         words = rank.words
         before = words[EXIT_WORD]

@@ -15,7 +15,7 @@ from layer_math import dense_attention, inverse_rope_vllm, mhc_seam, projections
 
 from mono_jit.templates.k1 import reference as k1
 from mono_jit.templates.k2 import reference as ref
-from mono_jit.templates.k1.layout import KV_DATA
+from mono_jit.templates.geometry import KV_DATA
 
 # -- the independent formulation (vLLM's math, full width, unsharded weights: tests/support/layer_math.py) --
 

@@ -16,7 +16,7 @@ import torch
 from k2_harness import K2Run
 from k2_inputs import full_weights, shard, world
 
-from mono_jit import model
+from mono_jit import deepseek_v4
 from mono_jit.spec import Spec
 from mono_jit.templates.k2 import moe_reference as moe
 
@@ -25,14 +25,14 @@ pytest.importorskip("tinygrad", reason="the emulator needs the emulate extra (nu
 
 from k2_emulation import stage_launchers  # noqa: E402
 
-BUCKET, RANK, H, E, TOPK = 4, 2, model.HIDDEN, model.ROUTED_EXPERTS, model.EXPERTS_PER_TOKEN
+BUCKET, RANK, H, E, TOPK = 4, 2, deepseek_v4.HIDDEN, deepseek_v4.ROUTED_EXPERTS, deepseek_v4.EXPERTS_PER_TOKEN
 # rows 0 and 2 name an expert twice (7; 300 at the ends), row 1 six distinct experts
 IDS = torch.tensor([[3, 7, 11, 40, 7, 90], [5, 6, 7, 8, 9, 10], [300, 7, 12, 13, 14, 300]], dtype=torch.int32)
 
 
 @pytest.fixture(scope="module")
 def stages():
-    return stage_launchers(Spec(8, model.CSA_RATIO, 1024, BUCKET), [frozenset({11}), frozenset({18})])
+    return stage_launchers(Spec(8, deepseek_v4.CSA_RATIO, 1024, BUCKET), [frozenset({11}), frozenset({18})])
 
 
 def hash_weights(ids: torch.Tensor, g: torch.Generator) -> torch.Tensor:
@@ -40,7 +40,7 @@ def hash_weights(ids: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     expert named twice gets one weight twice, bit for bit)."""
     score = torch.rand(ids.shape[0], E, generator=g) + 0.1
     chosen = score.gather(1, ids.long())
-    return chosen / chosen.sum(1, keepdim=True) * model.ROUTED_SCALING
+    return chosen / chosen.sum(1, keepdim=True) * deepseek_v4.ROUTED_SCALING
 
 
 @pytest.mark.slow

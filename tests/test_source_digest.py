@@ -1,7 +1,7 @@
 """The cache key's source digest covers every file a template's build reads: each built-in
 template's `source_files` equals the mono_jit modules its package and kernel module import,
 transitively (found here by parsing their imports), and editing any of them changes the digest
-(model.py and resources.py were missing, so a width change kept old kernels)."""
+(deepseek_v4.py, then named model.py, and resources.py were missing, so a width change kept old kernels)."""
 
 from __future__ import annotations
 
@@ -71,4 +71,4 @@ def test_editing_any_source_file_changes_the_digest(tmp_path):
         path.write_bytes(text + b"\n# edited\n")
         assert template.source_digest(copy) != original, f"{rel} is not in the key"
         path.write_bytes(text)
-    assert {"model.py", "resources.py", "templates/sync_area.py"} <= set(template.source_files)
+    assert {"deepseek_v4.py", "resources.py", "templates/sync_words.py"} <= set(template.source_files)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from .. import model
+from .. import deepseek_v4
 from ..config import Settings
 from ..spec import STANDARD_MAX_TOKENS, Spec
 from ..templates import get
@@ -36,7 +36,7 @@ class GridEntry:
 def layer_grid(tp: int, hca_width: int, templates: Iterable[str] = LAYER_TEMPLATES,
                buckets: Iterable[int] = STANDARD_MAX_TOKENS, arch: str = "gfx950") -> list[GridEntry]:
     """Every build the layer's launches need: one per distinct key of each template."""
-    widths = {model.CSA_RATIO: model.CSA_INDEX_TOPK, model.HCA_RATIO: hca_width}
+    widths = {deepseek_v4.CSA_RATIO: deepseek_v4.CSA_INDEX_TOPK, deepseek_v4.HCA_RATIO: hca_width}
     grid: list[GridEntry] = []
     for name in templates:
         template = get(name)

@@ -37,12 +37,14 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from .. import model
+from .. import deepseek_v4
 from ..config import Settings
 from ..errors import CaptureError
 from ..resolution import capturing
 from ..spec import STANDARD_MAX_TOKENS, bucket_for
+from ..deepseek_v4 import HEAD_DIM, Q_LORA, STREAMS
 from ..templates import get
+from ..templates.geometry import CTAS, KV_RECORD, PEERS
 from ..templates.k2.addressing import RECORD_CHUNK
 from ..templates.k2.layout import STATE_TABLE, WEIGHT_TABLE
 from ..templates.k2.moe_layout import TOPK
@@ -56,11 +58,9 @@ from .weights import MonoLayerWeights
 
 log = logging.getLogger("mono_jit.runtime")
 
-BLOCKS = 256  # CTAs of a persistent launch: every one resident, one per CU (vLLM's CU gate)
-MAX_TOKENS = model.MAX_DECODE_TOKENS
-H, STREAMS, Q_LORA, HEAD_DIM = model.HIDDEN, 4, 1536, 512
-RECORD = 584
-PEER_TABLE = 8  # entries of a peers table (K2's `peers`: every rank's address, 0 past tp)
+BLOCKS = CTAS  # CTAs of a persistent launch: every one resident, one per CU (vLLM's CU gate)
+MAX_TOKENS = deepseek_v4.MAX_DECODE_TOKENS
+H = deepseek_v4.HIDDEN
 
 
 class _Declined(tuple):
@@ -124,10 +124,10 @@ class HookCall:
             if tensor.dtype != torch.int64 or tensor.dim() != 1 or tensor.shape[0] < m or not tensor.is_contiguous():
                 raise ValueError(f"{name}: {tuple(tensor.shape)} {tensor.dtype}; expected contiguous int64 [>= {m}]")
         for name, cache in (("swa_cache", self.swa_cache), ("comp_cache", self.comp_cache)):
-            if cache.dtype != torch.uint8 or cache.dim() != 3 or cache.shape[2] != RECORD or \
-                    cache.stride()[1:] != (RECORD, 1):
+            if cache.dtype != torch.uint8 or cache.dim() != 3 or cache.shape[2] != KV_RECORD or \
+                    cache.stride()[1:] != (KV_RECORD, 1):
                 raise ValueError(f"{name}: {tuple(cache.shape)} {cache.dtype} strides {cache.stride()}; expected "
-                                 f"uint8 [pages, block, {RECORD}] with rows {RECORD} bytes apart")
+                                 f"uint8 [pages, block, {KV_RECORD}] with rows {KV_RECORD} bytes apart")
             if cache.stride(0) % RECORD_CHUNK:  # a record's chunks would straddle others' bytes, unnoticed
                 raise ValueError(f"{name}: page stride {cache.stride(0)} bytes; expected a multiple of {RECORD_CHUNK} "
                                  f"(K2 reads the records as {RECORD_CHUNK}-byte chunks of the cache)")
@@ -135,11 +135,11 @@ class HookCall:
 
     def _check_tables(self, m: int, hca_width: int) -> None:
         """The step's int32 tables: rows of `width` values `stride` apart, at least `rows` of them."""
-        hca = self.ratio == model.HCA_RATIO
+        hca = self.ratio == deepseek_v4.HCA_RATIO
         if self.global_keys != hca:
             raise ValueError(f"global_keys={self.global_keys} on a layer of compress ratio {self.ratio}: "
                              "expected global slots exactly on HCA (ratio 128) layers")
-        tables = [("swa_indices", self.swa_indices, m, model.SWA_WINDOW, model.SWA_WINDOW),
+        tables = [("swa_indices", self.swa_indices, m, deepseek_v4.SWA_WINDOW, deepseek_v4.SWA_WINDOW),
                   ("swa_lens", self.swa_lens, m, 1, 1), ("token_to_req", self.token_to_req, m, 1, 1)]
         if hca:
             topk = self.topk_indices
@@ -151,7 +151,7 @@ class HookCall:
             bt = self.comp_block_table
             if bt is None or bt.dim() != 2:
                 raise ValueError("comp_block_table: a CSA layer needs its [requests, pages] int32 block table")
-            tables += [("topk_indices", self.topk_indices, m, model.CSA_INDEX_TOPK, model.CSA_INDEX_TOPK),
+            tables += [("topk_indices", self.topk_indices, m, deepseek_v4.CSA_INDEX_TOPK, deepseek_v4.CSA_INDEX_TOPK),
                        ("comp_block_table", bt, 1, bt.shape[1], bt.stride(0))]
         if self.route_ids is not None:
             tables.append(("route_ids", self.route_ids, m, TOPK, TOPK))
@@ -176,7 +176,7 @@ class MonoRunner:
         self.settings = settings or Settings()
         self.buckets = tuple(sorted(set(buckets)))
         self.templates = tuple(templates)
-        self.hca_width = max_topk or model.CSA_INDEX_TOPK
+        self.hca_width = max_topk or deepseek_v4.CSA_INDEX_TOPK
         self.kernels: dict[GridEntry, Kernel] = {}
         self.buffers: dict[GridEntry, dict[str, Any]] = {}
         self._launches: dict[tuple[str, int, int], GridEntry] = {}
@@ -221,7 +221,7 @@ class MonoRunner:
             self.buffers[build] = {
                 b.name: scratch[(build.template, b.name)][:b.elements] if not b.zeroed_once
                 else self._zeros(b.elements, getattr(torch, b.dtype)) for b in declared}
-        rows, heads = max(self.buckets), model.HEADS // self.tp
+        rows, heads = max(self.buckets), deepseek_v4.HEADS // self.tp
         bf16, i32 = torch.bfloat16, torch.int32
         empty = self._empty
         self.front_out = {"r_out": empty(rows, STREAMS, H, dtype=bf16), "post_out": empty(rows, STREAMS),
@@ -280,7 +280,7 @@ class MonoRunner:
                 if self.device.type == "cpu":  # the peers' buffers are other processes' host memory
                     self._expose_peers(f"{build.template}{build.spec.max_tokens}r{build.spec.ratio}.{b.name}",
                                        peers.addresses, peers.local.elements)
-                addresses = peers.addresses + [0] * (PEER_TABLE - len(peers.addresses))
+                addresses = peers.addresses + [0] * (PEERS - len(peers.addresses))
                 self.buffers[build][b.peers] = self._table(addresses)
         return None
 
@@ -300,13 +300,13 @@ class MonoRunner:
         index = {}
         for entry in self.kernels:
             reads_ratio = "ratio" in get(entry.template).spec_fields
-            for ratio in (entry.spec.ratio,) if reads_ratio else (model.CSA_RATIO, model.HCA_RATIO):
+            for ratio in (entry.spec.ratio,) if reads_ratio else (deepseek_v4.CSA_RATIO, deepseek_v4.HCA_RATIO):
                 for rows in range(1, entry.bucket + 1):
                     if bucket_for(rows, self.buckets) == entry.bucket:
                         index[(entry.template, rows, ratio)] = entry
         return index
 
-    def _entry(self, template: str, rows: int, ratio: int = model.CSA_RATIO) -> GridEntry:
+    def _entry(self, template: str, rows: int, ratio: int = deepseek_v4.CSA_RATIO) -> GridEntry:
         try:
             return self._launches[(template, rows, ratio)]
         except KeyError:
@@ -401,7 +401,7 @@ class MonoRunner:
         output set `outputs`. An HCA row's slots are copied into the runner's table at the build's
         width, -1 past vLLM's active width (its persistent buffer holds older steps' slots there)."""
         m, width = call.rows, build.spec.topk_width
-        csa = call.ratio == model.CSA_RATIO
+        csa = call.ratio == deepseek_v4.CSA_RATIO
         unread = self.unread["int32"]
         if csa:
             topk = flat_rows(call.topk_indices, m)
@@ -453,7 +453,7 @@ def pages(cache: torch.Tensor) -> torch.Tensor:
     """vLLM's [pages, block, 584] record view of a KV cache as the flat bytes the pages span
     (page p at p x page stride: its block's data rows, then their scale bytes)."""
     count, block, _ = cache.shape
-    return torch.as_strided(cache, ((count - 1) * cache.stride(0) + block * RECORD,), (1,))
+    return torch.as_strided(cache, ((count - 1) * cache.stride(0) + block * KV_RECORD,), (1,))
 
 
 def _hip_of(backend: Backend) -> Any:

@@ -3,7 +3,7 @@
 vLLM's `MonoDecodeLayer.weights` builds `AttnWeights` and `MonoLayerWeights` by keyword
 (`mono_decode.py:269-306`) from the loaded, preshuffled layer and calls `.check(dims)` on each
 (`dims`: vLLM's `Dims(tp)`; only its `tp` is read here). The widths below are DeepSeek-V4-Pro's
-(`mono_jit.model`) and the layouts those vLLM 0.33's DeepSeek-V4 loader leaves them in:
+(`mono_jit.deepseek_v4`) and the layouts those vLLM 0.33's DeepSeek-V4 loader leaves them in:
 FP8 weights as e4m3 with vLLM's padded rows (`VLLM_ROCM_FP8_PADDING`: a row of K bytes, K a
 multiple of 512, is K + 256 bytes apart), `fused_wqa_wkv`, `wo_b` and the shared gate_up in
 AITER's (16, 16) preshuffle, block scales as E8M0 codes repeated over 32 x 32 blocks (vLLM's
@@ -19,14 +19,14 @@ from typing import Any
 
 import torch
 
-from .. import model
+from .. import deepseek_v4
 from ..errors import MonoJitError
-from ..templates.k1.layout import HEAD_DIM, KV_LORA, MIXES, Q_LORA
-from ..templates.k1.layout import MX_BLOCK as MX  # a 32 x 32 scale block, as vLLM's _mx_scales makes them
-from ..templates.k1.layout import WEIGHT_BLOCK as CHECKPOINT_BLOCK
+from ..deepseek_v4 import HEAD_DIM, KV_LORA, MIXES, Q_LORA
+from ..templates.geometry import MX_BLOCK as MX  # a 32 x 32 scale block, as vLLM's _mx_scales makes them
+from ..templates.geometry import WEIGHT_BLOCK as CHECKPOINT_BLOCK
 from ..templates.k2.layout import O_LORA
 
-SHARED_INTERMEDIATE = 3072
+SHARED_INTERMEDIATE = deepseek_v4.MOE_INTERMEDIATE  # one shared expert, as wide as a routed one
 
 
 class WeightError(MonoJitError, ValueError):
@@ -46,11 +46,11 @@ class Widths:
 
     @property
     def heads(self) -> int:
-        return model.HEADS // self.tp
+        return deepseek_v4.HEADS // self.tp
 
     @property
     def groups(self) -> int:
-        return model.OUTPUT_GROUPS // self.tp
+        return deepseek_v4.OUTPUT_GROUPS // self.tp
 
     @property
     def group_k(self) -> int:
@@ -58,7 +58,7 @@ class Widths:
 
     @property
     def inter(self) -> int:
-        return model.MOE_INTERMEDIATE // self.tp
+        return deepseek_v4.MOE_INTERMEDIATE // self.tp
 
     @property
     def shared_inter(self) -> int:
@@ -126,7 +126,7 @@ class AttnWeights:
     _codes: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def check(self, dims: Any) -> None:
-        w, h = Widths(dims.tp), model.HIDDEN
+        w, h = Widths(dims.tp), deepseek_v4.HIDDEN
         owner, e4m3, u8 = f"layer {self.layer_id} attention", torch.float8_e4m3fn, torch.uint8
         table = (
             ("wqkv", (Q_LORA + KV_LORA, h), e4m3, None),
@@ -149,7 +149,7 @@ class AttnWeights:
                 or not self.cos_sin.is_contiguous():
             raise WeightError(f"{owner} cos_sin: {tuple(self.cos_sin.shape)} {self.cos_sin.dtype}; expected "
                               "contiguous float32 [positions, 64]")
-        if self.ratio not in (model.CSA_RATIO, model.HCA_RATIO):
+        if self.ratio not in (deepseek_v4.CSA_RATIO, deepseek_v4.HCA_RATIO):
             raise WeightError(f"{owner}: compress ratio {self.ratio}, expected 4 or 128")
         self.k1_scales()
         self.k2_scales()
@@ -189,7 +189,7 @@ class MonoLayerWeights:
     _codes: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def check(self, dims: Any) -> None:
-        w, h, e = Widths(dims.tp), model.HIDDEN, model.ROUTED_EXPERTS
+        w, h, e = Widths(dims.tp), deepseek_v4.HIDDEN, deepseek_v4.ROUTED_EXPERTS
         f32, bf16, u8, e4m3 = torch.float32, torch.bfloat16, torch.uint8, torch.float8_e4m3fn
         fp4 = torch.float4_e2m1fn_x2
         table = [

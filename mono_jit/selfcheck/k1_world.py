@@ -13,7 +13,9 @@ from typing import Callable
 
 import torch
 
+from ..deepseek_v4 import HIDDEN as H, Q_LORA
 from ..errors import MonoJitError
+from ..templates.geometry import KV_DATA, KV_RECORD, KV_SCALES
 from ..templates.k1 import reference as ref
 from ..templates.k1.layout import K1Layout
 
@@ -22,9 +24,9 @@ class Mismatch(MonoJitError, AssertionError):
     """An output of the kernel disagrees with its reference beyond the stated bound."""
 
 
-H = 7168
 BLOCK, PAGES = 64, 4
-PAGE_STRIDE = 37440  # 64 x 584 rounded up to the 576-byte stride, as vLLM allocates
+# 37440: the page's records rounded up to whole 576-byte data rows, as vLLM allocates
+PAGE_STRIDE = -(-BLOCK * KV_RECORD // KV_DATA) * KV_DATA
 SENTINEL = -3.0
 
 
@@ -158,7 +160,7 @@ class K1Run:
         own_gate = ref.seam_gate(got["r"][: want.r.numel()].view(want.r.shape), self.w.hc_fn, self.w.hc_base,
                                  self.w.hc_scale)
         own_qr = ref.mxfp8_quantize(got["qr"][: want.qr.numel()].view(want.qr.shape))
-        q_raw = ref.fp8_gemv(*own_qr, self.w.w_qb, self.w.s_qb, ref.Q_LORA, self.w.qb_shuffled)
+        q_raw = ref.fp8_gemv(*own_qr, self.w.w_qb, self.w.s_qb, Q_LORA, self.w.qb_shuffled)
         q_from_own_qr = ref.q_heads(q_raw, self.w.rope, step.positions)
         checks = (("r", want.r, want.r, 1e-2, 1e-3), ("post", own_gate.post, own_gate.post, 1e-4, 1e-5),
                   ("comb", own_gate.comb, own_gate.comb, 1e-3, 1e-4), ("x_norm", want.x_norm, want.x_norm, 2e-2, 2e-3),
@@ -188,14 +190,15 @@ class K1Run:
                 continue
             record = ref.kv_read(self.cache, slot, PAGE_STRIDE, BLOCK).cpu()
             close(ref.kv_dequantize(record.unsqueeze(0))[0], want.kv[row], rtol=0.07, atol=0.05)  # e4m3 step
-            if not ((record[576:583] == want.records[row, 576:583]).sum() >= 6):
+            if not ((record[KV_DATA:KV_RECORD - 1] == want.records[row, KV_DATA:KV_RECORD - 1]).sum() >= 6):
                 raise Mismatch("UE8M0 codes differ")
-            if not (record[583] == 0):
+            if not (record[KV_RECORD - 1] == 0):
                 raise Mismatch("pad byte not 0 (vLLM's insert writes 0)")
             page, r = divmod(slot, BLOCK)
             base = page * PAGE_STRIDE - cache_at
-            touched[base + r * 576: base + (r + 1) * 576] = True
-            touched[base + BLOCK * 576 + r * 8: base + BLOCK * 576 + r * 8 + 8] = True
+            data, scales = base + r * KV_DATA, base + BLOCK * KV_DATA + r * KV_SCALES
+            touched[data: data + KV_DATA] = True
+            touched[scales: scales + KV_SCALES] = True
         if not (torch.equal(cache[~touched], cache_before[~touched])):
             raise Mismatch("K1 wrote cache bytes outside its records")
 

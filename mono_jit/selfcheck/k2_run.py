@@ -9,6 +9,9 @@ from typing import Any
 
 import torch
 
+from ..config import PEER_WAIT_DEFAULT
+from ..deepseek_v4 import HIDDEN as H
+from ..templates.geometry import PEERS
 from ..templates.k1 import reference as k1
 from ..templates.k2 import moe_reference as moe_ref
 from ..templates.k2 import reference as ref
@@ -17,10 +20,8 @@ from ..templates.k2.moe_layout import K2MoeLayout
 from ..templates.k2.moe_reference import MoeWeights
 from .k2_world import COMP_BLOCK, COMP_STRIDE, KV_GAIN, SWA_BLOCK, SWA_STRIDE, World
 
-H = 7168
 SENTINEL = -3.0
-PEERS = 8
-PEER_WAIT_US = 30_000_000  # the runner's default (the peer_wait setting, 30 s)
+PEER_WAIT_US = round(PEER_WAIT_DEFAULT * 1e6)  # the runner's default (the peer_wait setting)
 
 
 def _pad_rows(t: torch.Tensor, rows: int, fill: float | int = 0) -> torch.Tensor:

@@ -18,25 +18,27 @@ from dataclasses import dataclass
 
 import torch
 
+from ..deepseek_v4 import EPS, HEAD_DIM, HEADS, HIDDEN as H, MOE_INTERMEDIATE, NOPE, OUTPUT_GROUPS, ROUTED_EXPERTS
+from ..templates.geometry import KV_RECORD
 from ..templates.k1 import reference as k1
 from ..templates.k2 import reference as ref
+from ..templates.k2.addressing import GROUP_K
+from ..templates.k2.layout import O_LORA
 from ..templates.k2.moe_reference import MoeWeights
 from .k1_world import rope_table
 
-H, HEADS, TP, D, NOPE = 7168, 128, 8, 512, 448
+TP = 8  # the emulated world's ranks
 LOCAL = HEADS // TP
-GROUPS, O_LORA, GROUP_K = 16, 1024, 8 * 512
 SWA_BLOCK, SWA_PAGES, COMP_BLOCK, COMP_PAGES = 64, 5, 16, 16
-SWA_STRIDE, COMP_STRIDE = SWA_BLOCK * 584 + 128, COMP_BLOCK * 584 + 64  # page strides past the records
+SWA_STRIDE, COMP_STRIDE = SWA_BLOCK * KV_RECORD + 128, COMP_BLOCK * KV_RECORD + 64  # page strides past the records
 POISON_SWA = range(4 * SWA_BLOCK, 5 * SWA_BLOCK)  # NaN records: only ever masked keys point here
 POISON_COMP = range(15 * COMP_BLOCK, 16 * COMP_BLOCK)
 KV_GAIN_BITS = 8
 KV_GAIN = 2 ** KV_GAIN_BITS
-EXPERTS, INTER = 384, 3072 // TP  # routed experts; a rank's routed and shared intermediate share
-LIVE = tuple(range(0, EXPERTS, 48))  # a sparse layer's reachable experts: every row's six among them
+INTER = MOE_INTERMEDIATE // TP  # a rank's routed and shared intermediate share
+LIVE = tuple(range(0, ROUTED_EXPERTS, 48))  # a sparse layer's reachable experts: every row's six among them
 POSITIONS = [37, 300, 400]  # row 1 is graph padding
 PAD = 1
-EPS = 1e-6
 
 
 # -- the world ------------------------------------------------------------------------------
@@ -71,8 +73,8 @@ def full_weights(seed: int = 0) -> FullWeights:
     g = torch.Generator().manual_seed(seed)
     return FullWeights(
         sink=torch.randn(HEADS, generator=g) + 2.0,
-        wo_a=random_fp8(GROUPS * O_LORA, GROUP_K, g), s_woa=scale_codes(128, 32, g) - KV_GAIN_BITS,
-        wo_b=random_fp8(H, GROUPS * O_LORA, g), s_wob=scale_codes(56, 128, g),
+        wo_a=random_fp8(OUTPUT_GROUPS * O_LORA, GROUP_K, g), s_woa=scale_codes(128, 32, g) - KV_GAIN_BITS,
+        wo_b=random_fp8(H, OUTPUT_GROUPS * O_LORA, g), s_wob=scale_codes(56, 128, g),
         rope=rope_table(512, g), hc_fn=torch.randn(24, 4 * H, generator=g) * 0.01,
         hc_base=torch.randn(24, generator=g) * 0.1, hc_scale=torch.rand(3, generator=g) + 0.5,
         ffn_norm=(1 + 0.1 * torch.randn(H, generator=g)).to(torch.bfloat16))
@@ -104,7 +106,7 @@ def paged_cache(block: int, pages: int, stride: int, poison: range, g: torch.Gen
     """A cache of kv records of KV_GAIN x random bf16 values, and NaN records at the poison slots."""
     cache = ref.PagedCache(torch.zeros(pages * stride, dtype=torch.uint8), stride, block)
     slots = torch.arange(block * pages)
-    records = k1.kv_record(torch.randn(len(slots), D, generator=g).to(torch.bfloat16).float() * KV_GAIN)
+    records = k1.kv_record(torch.randn(len(slots), HEAD_DIM, generator=g).to(torch.bfloat16).float() * KV_GAIN)
     records[list(poison), :NOPE] = 0x7F
     k1.kv_insert(cache.data, records, slots, stride, block)
     return cache, {int(s): rec for s, rec in zip(slots, records)}
@@ -150,7 +152,7 @@ def world(ratio: int, seed: int = 1, rows: int = len(POSITIONS), width: int | No
             topk[r, :count] = slots
             row += [("comp", int(s)) for s in slots]
         keys.append(row)
-    q = torch.randn(m, HEADS, D, generator=g)
+    q = torch.randn(m, HEADS, HEAD_DIM, generator=g)
     q = (q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + EPS) / KV_GAIN).to(torch.bfloat16)
     inputs = ref.K2Inputs(
         q=q, positions=torch.tensor(positions), slot_mapping=torch.tensor([5, -1, 9][:m]), swa_indices=swa_indices,
@@ -173,8 +175,8 @@ def sparse_moe_ranks(seed: int = 3, live: tuple[int, ...] = LIVE, hash_layer: bo
     a 384-expert layer costs memory for its live experts only). Gate and bias are the layer's,
     the same on every rank."""
     g = torch.Generator().manual_seed(seed)
-    gate = (torch.randn(EXPERTS, H, generator=g) * 0.03).to(torch.bfloat16)
-    bias = torch.randn(EXPERTS, generator=g) * 0.1
+    gate = (torch.randn(ROUTED_EXPERTS, H, generator=g) * 0.03).to(torch.bfloat16)
+    bias = torch.randn(ROUTED_EXPERTS, generator=g) * 0.1
     bias[list(live)] += 50.0
 
     def codes(shape: tuple[int, ...], lo: int = 0, hi: int = 256) -> torch.Tensor:
@@ -183,7 +185,7 @@ def sparse_moe_ranks(seed: int = 3, live: tuple[int, ...] = LIVE, hash_layer: bo
     scale_cols = -(-(INTER // 32) // 8) * 8  # w2_s's columns, padded to 8 as AITER's shuffle_scale pads
     ranks = []
     for _ in range(TP):
-        routed = {name: torch.empty(EXPERTS, *shape, dtype=torch.uint8) for name, shape in (
+        routed = {name: torch.empty(ROUTED_EXPERTS, *shape, dtype=torch.uint8) for name, shape in (
             ("w13", (2 * INTER, H // 2)), ("w13_s", (2 * INTER, H // 32)), ("w2", (H, INTER // 2)),
             ("w2_s", (H, scale_cols)))}
         for e in live:

@@ -13,7 +13,8 @@ from flydsl._mlir.dialects import arith, llvm
 from flydsl.compiler.ast_rewriter import ASTRewriter
 from flydsl.expr import range_constexpr
 
-WAVE = 64  # gfx950 wavefront size
+from .geometry import WAVE
+
 _LOG2_WAVE = 6
 
 

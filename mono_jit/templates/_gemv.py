@@ -2,7 +2,7 @@
 weights with 128 x 128 E8M0 block codes (row-major or AITER-preshuffled) times MXFP8 activation
 rows, 16 weight rows x 16 tokens per v_mfma_scale_f32_16x16x128_f8f6f4.
 
-The operand layout is k1/addressing.py's (cited there from vLLM's, Triton's and AITER's gfx950
+The operand layout is templates/addressing.py's (cited there from vLLM's, Triton's and AITER's gfx950
 code, and tested through tests/support/mfma_model.py): K1's two GEMVs and K2's wo_a and wo_b all build
 their operands here, so one layout serves both launches.
 """
@@ -12,9 +12,9 @@ import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl.expr import gpu, range_constexpr
 
-from ._dsl import WAVE, dsl, load, load_code, pointer_code, store_scalar
-from .k1 import addressing as ad
-from .k1.layout import THREADS, TILE_N, WAVES
+from . import addressing
+from ._dsl import dsl, load, load_code, pointer_code, store_scalar
+from .geometry import THREADS, TILE_N, WAVE, WAVES
 
 
 FP8, FP4 = 0, 4  # the scaled MFMA's operand format codes (cbsz for A, blgp for B): e4m3, e2m1
@@ -46,14 +46,15 @@ class Fp8Weight:
         self.stride, self.shuffled = stride, shuffled != 0
 
     def _offset(self, row, k0):
-        return self.shuffled.select(ad.preshuffled_offset(row, k0, self.k), ad.row_major_offset(row, k0, self.stride))
+        return self.shuffled.select(addressing.preshuffled_offset(row, k0, self.k),
+                                    addressing.row_major_offset(row, k0, self.stride))
 
     def operand(self, row, pieces):
         """The two 16-byte pieces (K pieces[0] .. + 15, pieces[1] .. + 15) of `row`."""
         return operand(self.view, self._offset(row, pieces[0]), self._offset(row, pieces[1]))
 
     def scale(self, row, step):
-        return pointer_code(self.scales, ad.block_scale_index(row, step, self.k))
+        return pointer_code(self.scales, addressing.block_scale_index(row, step, self.k))
 
 
 class Mxfp8Rows:
@@ -67,11 +68,11 @@ class Mxfp8Rows:
         return token
 
     def operand(self, token, pieces):
-        return operand(self.u8x16, ad.mx_code_offset(self.codes, token, pieces[0], self.k),
-                        ad.mx_code_offset(self.codes, token, pieces[1], self.k))
+        return operand(self.u8x16, addressing.mx_code_offset(self.codes, token, pieces[0], self.k),
+                        addressing.mx_code_offset(self.codes, token, pieces[1], self.k))
 
     def scale(self, token, block):
-        return load_code(self.u8, ad.mx_scale_offset(self.scales, token, block, self.k))
+        return load_code(self.u8, addressing.mx_scale_offset(self.scales, token, block, self.k))
 
 
 def gemv_steps(weight, acts, w_row, steps, lane, row_tiles):
@@ -83,13 +84,13 @@ def gemv_steps(weight, acts, w_row, steps, lane, row_tiles):
     K block lane / 16, for the weight and the activations alike.
     """
     accs = [fx.Vector.filled(4, 0.0, fx.Float32) for _ in range_constexpr(row_tiles)]
-    row = w_row + ad.operand_row(lane)
+    row = w_row + addressing.operand_row(lane)
     for step, keep in steps:
-        pieces = ad.operand_pieces(step, lane)
-        block = ad.operand_block(step, lane)
+        pieces = addressing.operand_pieces(step, lane)
+        block = addressing.operand_block(step, lane)
         a, scale_a = weight.operand(row, pieces), weight.scale(row, step)
         for t in range_constexpr(row_tiles):
-            token = ad.operand_token(t, lane)
+            token = addressing.operand_token(t, lane)
             acc = mfma(a, acts.operand(token, pieces), accs[t], scale_a, acts.scale(token, block))
             accs[t] = acc if keep is None else keep.select(acc, accs[t])
     return accs
@@ -104,17 +105,17 @@ def gemv_reduce(accs, lds_acc, tid, wave, lane, waves_per_tile, row_tiles, out, 
     """
     for t in range_constexpr(row_tiles):
         for e in range_constexpr(4):
-            fx.memref_store(accs[t][e], lds_acc, ad.lds_acc_slot(wave, t, lane, e, row_tiles))
+            fx.memref_store(accs[t][e], lds_acc, addressing.lds_acc_slot(wave, t, lane, e, row_tiles))
     gpu.barrier()
     tiles = WAVES // waves_per_tile
     for rep in range_constexpr((tiles * row_tiles * WAVE * 4 + THREADS - 1) // THREADS):
-        tile, t, src_lane, e, real = ad.split_k_sum(tid + rep * THREADS, waves_per_tile, row_tiles)
+        tile, t, src_lane, e, real = addressing.split_k_sum(tid + rep * THREADS, waves_per_tile, row_tiles)
         tile = fx.min(tile, tiles - 1)  # spare slots read a real accumulator and store nothing
         total = fx.Float32(0.0)
         for w in range_constexpr(waves_per_tile):
-            total = total + fx.memref_load(lds_acc, ad.lds_acc_slot(tile * waves_per_tile + w, t, src_lane, e,
+            total = total + fx.memref_load(lds_acc, addressing.lds_acc_slot(tile * waves_per_tile + w, t, src_lane, e,
                                                                      row_tiles))
-        row, column = ad.result_lane(src_lane, e)
+        row, column = addressing.result_lane(src_lane, e)
         token = t * TILE_N + column
         if real & (token < m):
             store_scalar(out, out_base + token * out_width + n0 + tile * TILE_N + row, total, fx.Float32)

@@ -10,9 +10,9 @@ import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl.expr import gpu, range_constexpr
 
+from ..deepseek_v4 import ROPE
 from ._dsl import butterfly, dsl, f32_bits, f32_from_bits, load, pointer_load, store, store_scalar, wave_sum
-from .k1.layout import MX_BLOCK, ROPE, WAVES
-from .k1.reference import E4M3_MAX
+from .geometry import E4M3_MAX, MX_BLOCK, WAVES
 
 VEC = 8  # values per lane in the row-wise stages (one 16-byte bf16 load)
 LOG2E = 1.4426950408889634
@@ -24,6 +24,13 @@ def rsqrt(value):
 
 def sigmoid(value):
     return 1.0 / (1.0 + (value * (-LOG2E)).exp2())
+
+
+def bf16_pair_f32(word):
+    """(low, high) bf16 of an i32 as two f32 (a bf16 is the top half of its f32)."""
+    lo = fx.Vector.filled(1, word << 16, fx.Int32).bitcast(fx.Float32)[0]
+    hi = fx.Vector.filled(1, word & -65536, fx.Int32).bitcast(fx.Float32)[0]
+    return lo, hi
 
 
 def bf16_round(value):

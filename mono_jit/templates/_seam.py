@@ -16,13 +16,13 @@ import operator
 import flydsl.expr as fx
 from flydsl.expr import const_expr, gpu, range_constexpr
 
-from .. import model
+from .. import deepseek_v4
+from ..deepseek_v4 import EPS, HC_POST_ALPHA, MIXES, SINKHORN_ROUNDS, STREAMS
 from ._dsl import butterfly, dsl, load, load_scalar, pointer_load, store, store_scalar, wave_sum
 from ._numerics import LOG2E, VEC, bf16_round, bf16x8, block_sum, mx_store, rsqrt, sigmoid
-from .k1.layout import EPS, MIXES, PARTIALS, SEAM_CHUNKS, STREAMS, THREADS, WAVES
-from .k1.reference import HC_POST_ALPHA, SINKHORN_ROUNDS
+from .geometry import PARTIALS, SEAM_CHUNKS, THREADS, WAVES
 
-H = model.HIDDEN
+H = deepseek_v4.HIDDEN
 ROW_CHUNKS = H // VEC  # 896
 _ROW, _COLUMN = range(2), range(2, 4)  # lane bits of j and i when lane e = 4 i + j
 

@@ -26,8 +26,8 @@ from ..spec import Spec
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # mono_jit/: the built-ins' source root
 # What every built-in template's build imports from mono_jit besides its own package (checked
 # against the real imports by tests/test_source_digest.py).
-COMMON_SOURCES = ("errors.py", "kernel_info.py", "model.py", "resources.py", "spec.py",
-                  "templates/_dsl.py", "templates/base.py")
+COMMON_SOURCES = ("errors.py", "kernel_info.py", "deepseek_v4.py", "resources.py", "spec.py",
+                  "templates/_dsl.py", "templates/base.py", "templates/geometry.py")
 
 
 _source_digests: dict[tuple, str] = {}  # (package dir, files, their stat signatures) -> digest
@@ -105,7 +105,7 @@ class Template(ABC):
     # Every file a build imports, relative to the folder of the top-level package that defines
     # the class (mono_jit/ for the built-ins): the template's own modules and what they import,
     # transitively. Their digest is part of the key, so an edit to any of them (a width in
-    # model.py, a residency figure in resources.py) is a new key.
+    # deepseek_v4.py, a residency figure in resources.py) is a new key.
     source_files: ClassVar[tuple[str, ...]]
     persistent: ClassVar[bool] = False
     budget: ClassVar[Budget] = Budget()

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
-from .sync_area import FIRST_FLAG
+from .sync_words import FIRST_FLAG
 
 Layout = Any  # the template's layout object; the table's functions take it as their first argument
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import mfma_model
 import torch
 
-from mono_jit.templates.k1 import addressing as ad
+from mono_jit.templates import addressing as ad
 from mono_jit.templates.k1 import reference as ref
-from mono_jit.templates.k1.layout import THREADS, WAVES
+from mono_jit.templates.geometry import THREADS, WAVES
 
 LANES = torch.arange(64)
 BYTES16 = torch.arange(16)

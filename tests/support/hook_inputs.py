@@ -15,11 +15,13 @@ from dataclasses import dataclass
 import torch
 from mono_jit.selfcheck.k1_world import random_activations, random_weights
 
+from mono_jit.deepseek_v4 import HIDDEN as H
 from mono_jit.runtime.weights import AttnWeights, MonoLayerWeights
+from mono_jit.templates.geometry import KV_RECORD
 from mono_jit.templates.k1 import reference as ref
 
-H, TP, HEADS, GROUPS = 7168, 8, 16, 2
-PAGE_BLOCK, PAGES, PAGE_BYTES = 64, 4, 64 * 584 + 1536  # vLLM pads a page past its records
+TP, HEADS, GROUPS = 8, 16, 2
+PAGE_BLOCK, PAGES, PAGE_BYTES = 64, 4, 64 * KV_RECORD + 1536  # vLLM pads a page past its records
 
 
 class Dims:
@@ -76,7 +78,7 @@ def layer_weights(k1: ref.K1Weights, layer_id: int = 3, ratio: int = 4) -> MonoL
 
 def record_view(cache: torch.Tensor, block: int) -> torch.Tensor:
     """vLLM's `_record_view`: a paged byte cache as [pages, block, 584] with the pages' stride."""
-    return torch.as_strided(cache, (cache.shape[0], block, 584), (cache.stride(0), 584, 1))
+    return torch.as_strided(cache, (cache.shape[0], block, KV_RECORD), (cache.stride(0), KV_RECORD, 1))
 
 
 @dataclass
@@ -104,7 +106,7 @@ def hook_step(w: MonoLayerWeights, m: int, first: bool, seed: int = 5, rows: int
             torch.zeros(256, 1, 128, dtype=torch.int32), torch.zeros(256, dtype=torch.int32),
             torch.zeros(256, dtype=torch.int32))
     kwargs = dict(topk_indices=torch.zeros(256, 1024, dtype=torch.int32),
-                  comp_cache=record_view(torch.zeros(4, 64 * 584, dtype=torch.uint8), 64),
+                  comp_cache=record_view(torch.zeros(4, 64 * KV_RECORD, dtype=torch.uint8), 64),
                   select=lambda normed, qr: selected.append((normed.clone(), qr.clone())),
                   comp_block_table=torch.zeros(2, 4, dtype=torch.int32), fold=not first)
     return HookStep(args, kwargs, selected)

@@ -15,16 +15,15 @@ from typing import Any
 import torch
 
 import layer_math as lm
-from mono_jit import model
+from mono_jit import deepseek_v4
 from mono_jit.runtime.tables import weight_table
 from mono_jit.runtime.weights import AttnWeights, MonoLayerWeights
-from mono_jit.selfcheck.k2_run import K2Run
+from mono_jit.selfcheck.k2_run import PEER_WAIT_US, K2Run
 from mono_jit.spec import Spec
 from mono_jit.templates.k2.layout import STATE_TABLE
 from mono_jit.templates.k2.moe_layout import K2MoeLayout
 
-H = model.HIDDEN
-PEER_WAIT_US = 30_000_000  # the runner's default peer_wait, 30 s
+H = deepseek_v4.HIDDEN
 SENTINEL = -3.0  # in the outputs before the launch
 
 
@@ -65,8 +64,8 @@ class LayerK2Buffers:
         self.lay = lay = K2MoeLayout.of(spec)
         self.layer = layer = layer_weights(tensors)
         # the runner's state buffers hold its widest bucket's rows
-        m, rows, heads = self.m, model.MAX_DECODE_TOKENS, model.HEADS // spec.tp
-        csa = spec.ratio == model.CSA_RATIO
+        m, rows, heads = self.m, deepseek_v4.MAX_DECODE_TOKENS, deepseek_v4.HEADS // spec.tp
+        csa = spec.ratio == deepseek_v4.CSA_RATIO
         # every tensor the weights table points at, by vLLM's field name (the codes K2 reads too)
         s_oa, s_ob = layer.attn.k2_scales()
         sgu_s, sw2_s = layer.shared_scales()

@@ -3,7 +3,7 @@ path), for tests that check mono-jit's kernels and runner against vLLM's math.
 
 Written from vLLM's and AITER's sources (cited as path:line under vllm/ of the 0.33.0 wheel), never
 from mono_jit's references: nothing here imports mono_jit.templates.*.reference or mono_jit.runtime
-(mono_jit.model's constants only). Public pieces:
+(mono_jit.deepseek_v4's constants only). Public pieces:
 
 - encodings: `e2m1`, `dequant_mxfp4`, `dequant_fp8_blocks` (= `dequant`), `mx8` (MXFP8 round trip),
   `decode_record` / `encode_records` / `insert_records` / `read_record` (fp8_ds_mla, 584 bytes),
@@ -68,24 +68,24 @@ from typing import Sequence
 
 import torch
 
-from mono_jit import model
+from mono_jit import deepseek_v4
 
-H = model.HIDDEN  # 7168
-HEADS, D, NOPE, ROPE = model.HEADS, 512, 448, 64
+H = deepseek_v4.HIDDEN  # 7168
+HEADS, D, NOPE, ROPE = deepseek_v4.HEADS, 512, 448, 64
 Q_LORA, KV_LORA = 1536, 512
-GROUPS, O_LORA = model.OUTPUT_GROUPS, 1024
+GROUPS, O_LORA = deepseek_v4.OUTPUT_GROUPS, 1024
 GROUP_K = HEADS // GROUPS * D  # 4096: a group's wo_a input
-INTER = model.MOE_INTERMEDIATE  # 3072, routed and shared, unsharded
-EXPERTS = model.ROUTED_EXPERTS  # 384
-TOP_K = model.EXPERTS_PER_TOKEN
-SCALE = model.ROUTED_SCALING
+INTER = deepseek_v4.MOE_INTERMEDIATE  # 3072, routed and shared, unsharded
+EXPERTS = deepseek_v4.ROUTED_EXPERTS  # 384
+TOP_K = deepseek_v4.EXPERTS_PER_TOKEN
+SCALE = deepseek_v4.ROUTED_SCALING
 LIMIT = 10.0  # swiglu_limit
 TP = 8
 LOCAL = INTER // TP  # a rank's intermediate share
 EPS = 1e-6  # rms_norm_eps = hc_eps (DeepSeek-V4-Pro config)
 SINKHORN = 20  # hc_sinkhorn_iters
 POST_ALPHA = 2.0  # model.py hc_post_alpha
-WINDOW = model.SWA_WINDOW
+WINDOW = deepseek_v4.SWA_WINDOW
 RECORD, RECORD_DATA = 584, 576
 KV_AMAX_FLOOR = 1e-4
 E4M3 = torch.float8_e4m3fn
@@ -695,7 +695,7 @@ def random_checkpoint_layer(layer_id: int, ratio: int, hash_layer: bool, seed: i
     `reachable` (a seeded choice that always holds expert 383, the tensors' end) hold weights; on a
     non-hash layer their bias is +50 over N(0, 0.1) so only they win the top 6 (route_table gives a
     hash layer's). About 0.65 GB a layer (the reachable experts 33 MB each)."""
-    if ratio not in (model.CSA_RATIO, model.HCA_RATIO):
+    if ratio not in (deepseek_v4.CSA_RATIO, deepseek_v4.HCA_RATIO):
         raise ValueError(f"ratio {ratio}: 4 or 128")
     g = torch.Generator().manual_seed(seed)
     mhc = lambda: dict(fn=torch.randn(24, 4 * H, generator=g) * 0.01, base=torch.randn(24, generator=g) * 0.1,  # noqa: E731
@@ -959,13 +959,13 @@ def random_step(w: CheckpointLayer, m: int = 4, seed: int = 0, first: bool = Fal
         swa_indices[live[0], 3] = -1  # a hole in a window: masked
     _poison(swa, [s for s in range(swa_pages * SWA_BLOCK) if s not in read], swa_stride, SWA_BLOCK)
     comp_block = COMP_BLOCK_BYTES // w.ratio
-    csa = w.ratio == model.CSA_RATIO
+    csa = w.ratio == deepseek_v4.CSA_RATIO
     token_req = torch.tensor([req_of.get(r, 99) for r in range(m)], dtype=torch.int32)
     if csa:
         pages_per_req = -(-(w.cos_sin.shape[0] // 4) // comp_block)
         comp_pages = requests * pages_per_req + 1
         block_table = torch.randperm(comp_pages - 1, generator=g)[:requests * pages_per_req].int().view(requests, -1)
-        width = model.CSA_INDEX_TOPK
+        width = deepseek_v4.CSA_INDEX_TOPK
     else:
         comp_pages, block_table, width = 64, None, 128
     comp_stride = comp_block * RECORD + 64

@@ -39,7 +39,7 @@ from e2e_world import (ACTIVE, CACHE_PAGES, HCA_WIDTH, KV_BLOCK, LAYERS, ROWS_CA
                        layer_checkpoint, routes, swa_slot, swa_window)
 from layer_math import encode_records, insert_records, rank_tensors  # noqa: E402
 
-from mono_jit import model  # noqa: E402
+from mono_jit import deepseek_v4  # noqa: E402
 
 V4_PRO = dict(hidden_size=7168, moe_intermediate_size=3072, num_attention_heads=128, q_lora_rank=1536,
               o_groups=16, o_lora_rank=1024, index_n_heads=64, index_head_dim=128)
@@ -95,7 +95,7 @@ def metadata(layer, plan: StepPlan) -> dict:
     i32 = dict(dtype=torch.int32)
     positions = [plan.seq_len(r) - 1 for r in range(n)]
     swa_slots = torch.full((rows,), -1, dtype=torch.int64)
-    swa_indices = torch.full((ROWS_CAP, 1, model.SWA_WINDOW), GARBAGE, **i32)
+    swa_indices = torch.full((ROWS_CAP, 1, deepseek_v4.SWA_WINDOW), GARBAGE, **i32)
     swa_lens = torch.full((ROWS_CAP,), GARBAGE, **i32)
     token_to_req = torch.full((ROWS_CAP,), GARBAGE, **i32)
     for r, p in enumerate(positions):
@@ -107,7 +107,7 @@ def metadata(layer, plan: StepPlan) -> dict:
     swa = DeepseekV4ROCMAiterSparseSWAMetadata(
         block_table=comp_block_table(n), slot_mapping=swa_slots, block_size=SWA_PAGE, seq_lens=seq_lens,
         query_start_loc=starts, token_to_req_indices=token_to_req, decode_swa_indices=swa_indices,
-        decode_swa_lens=swa_lens, decode_swa_width=model.SWA_WINDOW, num_decodes=n, num_prefills=0,
+        decode_swa_lens=swa_lens, decode_swa_width=deepseek_v4.SWA_WINDOW, num_decodes=n, num_prefills=0,
         num_decode_tokens=n, num_prefill_tokens=0)
     ratio = attn.compress_ratio
     per_page = KV_BLOCK // ratio
@@ -118,7 +118,7 @@ def metadata(layer, plan: StepPlan) -> dict:
             last = plan.seq_len(r) // ratio - 1
             comp_slots[r] = int(table[r, last // per_page]) * per_page + last % per_page
     hca = {}
-    if ratio == model.HCA_RATIO:
+    if ratio == deepseek_v4.HCA_RATIO:
         persistent = torch.full((ROWS_CAP, HCA_WIDTH), -1, **i32)
         persistent[:, ACTIVE:ACTIVE + 64] = 3  # an older, longer step's slots, past today's active width
         for r in range(n):
@@ -129,7 +129,7 @@ def metadata(layer, plan: StepPlan) -> dict:
     comp = DeepseekV4ROCMAiterMLASparseMetadata(
         num_reqs=n, max_query_len=1, max_seq_len=int(seq_lens.max()), num_actual_tokens=n, query_start_loc=starts,
         slot_mapping=comp_slots, block_table=table, req_id_per_token=token_to_req, block_size=KV_BLOCK,
-        topk_tokens=HCA_WIDTH if ratio == model.HCA_RATIO else model.CSA_INDEX_TOPK, **hca)
+        topk_tokens=HCA_WIDTH if ratio == deepseek_v4.HCA_RATIO else deepseek_v4.CSA_INDEX_TOPK, **hca)
     return {attn.swa_cache_layer.prefix: swa, attn.prefix: comp}
 
 
@@ -223,7 +223,7 @@ def snapshot(md: dict, layer, rows: int) -> dict:
     """What the checking test needs of the layer's metadata and buffers (copies)."""
     attn = layer.attn
     swa, comp = md[attn.swa_cache_layer.prefix], md[attn.prefix]
-    topk = (comp.c128a_global_decode_topk_indices[:, 0] if attn.compress_ratio == model.HCA_RATIO
+    topk = (comp.c128a_global_decode_topk_indices[:, 0] if attn.compress_ratio == deepseek_v4.HCA_RATIO
             else attn.topk_indices_buffer[:rows])
     return {"slot_mapping": swa.slot_mapping.clone(), "swa_indices": swa.decode_swa_indices[:rows, 0].clone(),
             "swa_lens": swa.decode_swa_lens[:rows].clone(), "token_req": swa.token_to_req_indices[:rows].clone(),

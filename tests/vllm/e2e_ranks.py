@@ -15,7 +15,7 @@ import torch
 from e2e_world import ACTIVE, KV_BLOCK, LAYERS
 from layer_math import LayerStep
 
-from mono_jit import model
+from mono_jit import deepseek_v4
 
 HERE = Path(__file__).resolve().parent
 RANKS = 8
@@ -55,7 +55,7 @@ def layer_step(step: dict, entry: dict) -> LayerStep:
     md, (x, residual, post_mix, res_mix) = entry["metadata"], entry["inputs"]
     rows, first = step["plan"].rows, residual is None
     topk = md["topk"]
-    csa = md["comp_block"] == KV_BLOCK // model.CSA_RATIO  # records a compressed page: 64 CSA, 2 HCA
+    csa = md["comp_block"] == KV_BLOCK // deepseek_v4.CSA_RATIO  # records a compressed page: 64 CSA, 2 HCA
     if not csa:  # HCA: the live rows' slots at vLLM's active width, -1 for pad rows
         assert topk.shape[1] == ACTIVE
         padded = torch.full((rows, topk.shape[1]), -1, dtype=torch.int32)

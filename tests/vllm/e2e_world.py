@@ -24,9 +24,9 @@ import torch
 from layer_math import (CheckpointLayer, encode_records, insert_records, random_checkpoint_layer,
                         route_table)
 
-from mono_jit import model
+from mono_jit import deepseek_v4
 
-H = model.HIDDEN
+H = deepseek_v4.HIDDEN
 LAYERS = {0: (128, True), 1: (128, True), 2: (4, True), 3: (128, False), 4: (4, False)}  # ratio, hash
 SEED = 15
 VOCAB = 1024
@@ -55,7 +55,7 @@ STEPS = (StepPlan(1, 1, "NONE", 300), StepPlan(4, 3, "FULL", 301), StepPlan(2, 2
 
 
 def base_checkpoint() -> CheckpointLayer:
-    return random_checkpoint_layer(0, model.CSA_RATIO, False, SEED)
+    return random_checkpoint_layer(0, deepseek_v4.CSA_RATIO, False, SEED)
 
 
 def layer_checkpoint(base: CheckpointLayer, layer: int) -> CheckpointLayer:
@@ -98,7 +98,7 @@ def swa_slot(r: int, token: int) -> int:
 
 
 def swa_window(r: int, position: int) -> list[int]:
-    return [swa_slot(r, t) for t in range(max(0, position - model.SWA_WINDOW + 1), position + 1)]
+    return [swa_slot(r, t) for t in range(max(0, position - deepseek_v4.SWA_WINDOW + 1), position + 1)]
 
 
 def comp_block_table(requests: int) -> torch.Tensor:
@@ -108,7 +108,7 @@ def comp_block_table(requests: int) -> torch.Tensor:
 
 def hca_slots(r: int, entries: int) -> list[int]:
     """Request r's compressed HCA entries as global slots (2 records a page)."""
-    per_page = KV_BLOCK // model.HCA_RATIO
+    per_page = KV_BLOCK // deepseek_v4.HCA_RATIO
     return [(2 * r + i // per_page) * per_page + i % per_page for i in range(entries)]
 
 

@@ -30,7 +30,7 @@ fp8 tensors passed as their bytes, e.g. `weight.view(torch.uint8)`):
                     allocates it zeroed once (before any capture), never writes it again and uses
                     it for one stream's K1 launches of one bucket; the last CTA of each launch
                     advances the epoch. A launch cut short leaves it dirty and the next launch
-                    traps (templates/_sync.py): after any HIP error, drop it with the context
+                    traps (templates/sync_device.py): after any HIP error, drop it with the context
        work_f32     [K1Layout.f32_words] f32;  work_u8 [K1Layout.bytes] uint8 (exactly these sizes:
                     the kernel bounds its scratch accesses by them)
   i32  m (clamped to 0..max_tokens), do_fold (0 on layer 0), qkv_stride, qkv_shuffled,
@@ -45,15 +45,16 @@ from __future__ import annotations
 from ...resources import Budget
 from ...spec import Spec
 from ..base import COMMON_SOURCES, Argument, LaunchShape, Template, WorkBuffer
-from .layout import CTAS, PIN_LDS_BYTES, THREADS, K1Layout
+from ..geometry import CTAS, THREADS
+from .layout import PIN_LDS_BYTES, K1Layout
 
 
 class K1Template(Template):
     name = "k1"
     spec_fields = ("tp", "max_tokens")
     source_files = COMMON_SOURCES + (
-        "templates/_sync.py", "templates/sync_area.py", "templates/schedule.py", "templates/_numerics.py",
-        "templates/_gemv.py",
+        "templates/sync_device.py", "templates/sync_words.py", "templates/schedule.py", "templates/_numerics.py",
+        "templates/_gemv.py", "templates/addressing.py",
         "templates/_seam.py", "templates/k1/__init__.py", "templates/k1/layout.py",
         "templates/k1/addressing.py", "templates/k1/reference.py", "templates/k1/kernel.py")
     kernel_module = ".kernel"

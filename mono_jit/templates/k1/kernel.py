@@ -43,23 +43,25 @@ import flydsl.expr as fx
 import torch
 from flydsl.expr import const_expr, gpu, range_constexpr
 
-from ... import model
+from ... import deepseek_v4
 from ...spec import Spec
-from .._dsl import WAVE, butterfly, dsl, flat_view, load_global, load_scalar, store, wave_sum
+from .._dsl import butterfly, dsl, flat_view, load_global, load_scalar, store, wave_sum
 from .._gemv import Fp8Weight, Mxfp8Rows, gemv_reduce, gemv_steps
 from .._numerics import VEC, bf16_round, bf16x8, e8m0, e8m0_inverse, amax8, fp8x8, block_sum, load8_f32, \
     mx_store, rope8, rsqrt
 from .._seam import fold_row, mix_weights, seam_row
-from .._sync import arrive, leave, publish, step_tag, wait
+from ..sync_device import arrive, leave, publish, step_tag, wait
 from ..base import Build
 from ..schedule import Stage
-from . import addressing as ad
-from .layout import (CTAS, EPS, HEAD_DIM, KV_LORA, KV_SCALE_BLOCK, KV_SCALES, LDS_ACC_WORDS, LDS_GATE_WORDS,
-                     LDS_RED_WORDS, MIXES, NOPE, PARTIALS, PIN_LDS_BYTES, Q_LORA, QKV, ROPE, SCHEDULE, SEAM_CHUNK,
-                     SEAM_CHUNKS, SEAM_GROUP, STREAMS, THREADS, TILE_N, WAVES, WEIGHT_BLOCK, K1Layout)
+from .. import addressing
+from . import addressing as k1_addressing
+from ...deepseek_v4 import EPS, HEAD_DIM, KV_LORA, MIXES, NOPE, Q_LORA, ROPE, STREAMS
+from ..geometry import (CTAS, KV_RECORD, KV_SCALE_BLOCK, KV_SCALES, LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS,
+                        PARTIALS, SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, THREADS, TILE_N, WAVE, WAVES, WEIGHT_BLOCK)
+from .layout import PIN_LDS_BYTES, QKV, SCHEDULE, K1Layout
 from .reference import KV_AMAX_FLOOR
 
-H = model.HIDDEN
+H = deepseek_v4.HIDDEN
 
 
 @fx.struct
@@ -86,7 +88,7 @@ class _Frame(SimpleNamespace):
 def _s1_fold(k, task, _row):
     """S1 task: fold and mix partials of one row group and 128-column chunk."""
     lay = k.lay
-    group, chunk = ad.s1_task(task)
+    group, chunk = k1_addressing.s1_task(task)
     col = chunk * SEAM_CHUNK + k.tid % SEAM_CHUNK
     fn = mix_weights(flat_view(k.HcFn), k.stream, col)
     x_at = lambda row: load_scalar(flat_view(k.X), row * H + col, fx.BFloat16).to(fx.Float32)  # noqa: E731
@@ -104,15 +106,15 @@ def _s2_seam(k, task, row):
     seam_row(k.f32, lay.partials + row * SEAM_CHUNKS * PARTIALS, k.gate, k.red, fx.get_iter(k.HcBase),
              fx.get_iter(k.HcScale), fx.get_iter(k.PostOut), fx.get_iter(k.CombOut), flat_view(k.ROut, VEC),
              fx.get_iter(k.AttnNorm), flat_view(k.XNorm, VEC), k.u8x8, k.u8,
-             ad.mx_code_offset(lay.x_codes, row, 0, H), ad.mx_scale_offset(lay.x_scales, row, 0, H),
+             addressing.mx_code_offset(lay.x_codes, row, 0, H), addressing.mx_scale_offset(lay.x_scales, row, 0, H),
              row, k.tid, k.wave, k.lane)
 
 
 def _s3_qkv(k, task, row):
     """S3 task: one N tile and K half of fused_wqa_wkv."""
     lay = k.lay
-    n0, part = ad.s3_task(task)
-    accs = gemv_steps(k.w_qkv, k.x_mx, n0, ad.s3_steps(part, k.wave), k.lane, lay.row_tiles)
+    n0, part = k1_addressing.s3_task(task)
+    accs = gemv_steps(k.w_qkv, k.x_mx, n0, k1_addressing.s3_steps(part, k.wave), k.lane, lay.row_tiles)
     gemv_reduce(accs, k.lds_acc, k.tid, k.wave, k.lane, WAVES, lay.row_tiles, k.f32,
                 lay.qkv_raw + part * lay.rows * QKV, QKV, n0, k.m)
 
@@ -129,11 +131,11 @@ def _s4_norms(k, task, row):
 def _s5_qb(k, task, row):
     """S5 task: two N tiles of wq_b."""
     lay = k.lay
-    tile_row, first = ad.s5_tile(task, k.wave)
-    steps = [(first + s, None) for s in range_constexpr(ad.S5_STEPS)]
+    tile_row, first = k1_addressing.s5_tile(task, k.wave)
+    steps = [(first + s, None) for s in range_constexpr(k1_addressing.S5_STEPS)]
     accs = gemv_steps(k.w_qb, k.qr_mx, tile_row, steps, k.lane, lay.row_tiles)
-    gemv_reduce(accs, k.lds_acc, k.tid, k.wave, k.lane, ad.S5_WAVES_PER_TILE, lay.row_tiles, k.f32, lay.q_raw,
-                lay.q_width, task * 2 * TILE_N, k.m)
+    gemv_reduce(accs, k.lds_acc, k.tid, k.wave, k.lane, k1_addressing.S5_WAVES_PER_TILE, lay.row_tiles, k.f32,
+                lay.q_raw, lay.q_width, task * 2 * TILE_N, k.m)
 
 
 def _s6_heads(k, task, row):
@@ -253,8 +255,8 @@ def _qr_norm_quant(f32x4, QNorm, QrOut, red, u8x8, u8, lay, row, tid, wave, lane
     y = [bf16_round(v[e] * inv * w[e]) for e in range_constexpr(VEC)]
     if valid:
         store(flat_view(QrOut, VEC), row * chunks + at, bf16x8(y), fx.BFloat16, VEC)
-    mx_store(y, u8x8, u8, ad.mx_code_offset(lay.qr_codes, row, 0, Q_LORA),
-              ad.mx_scale_offset(lay.qr_scales, row, 0, Q_LORA), at, valid)
+    mx_store(y, u8x8, u8, addressing.mx_code_offset(lay.qr_codes, row, 0, Q_LORA),
+              addressing.mx_scale_offset(lay.qr_scales, row, 0, Q_LORA), at, valid)
 
 
 @dsl
@@ -278,7 +280,7 @@ def _kv_insert(f32x4, KvNorm, Rope, Positions, SlotMapping, KvCache, lay, row, l
     slot = load_global(SlotMapping, row)
     if slot >= 0:
         block = block_size.to(fx.Int64)
-        record, scales = ad.kv_offsets(slot, block, page_stride.to(fx.Int64))
+        record, scales = addressing.kv_offsets(slot, block, page_stride.to(fx.Int64))
         cache = fx.get_iter(KvCache)
         if lane < nope_lanes:
             fx.generic_store(cache + (record + lane * VEC), fp8x8(y, e8m0_inverse(code)))
@@ -351,9 +353,9 @@ def placeholders(lay: K1Layout) -> tuple:
         empty(QKV * H, u8), empty((QKV // WEIGHT_BLOCK) * (H // WEIGHT_BLOCK), u8), empty(Q_LORA, bf16),
         empty(KV_LORA, bf16),
         empty(lay.q_width * Q_LORA, u8), empty((lay.q_width // WEIGHT_BLOCK) * (Q_LORA // WEIGHT_BLOCK), u8),
-        empty(1024 * ROPE, f32), empty(rows, i64), empty(rows, i64), empty(block * 584, u8),
+        empty(1024 * ROPE, f32), empty(rows, i64), empty(rows, i64), empty(block * KV_RECORD, u8),
         empty(rows * STREAMS * H, bf16), empty(rows * STREAMS, f32), empty(rows * 16, f32), empty(rows * H, bf16),
         empty(rows * Q_LORA, bf16), empty(rows * lay.q_width, bf16),
         empty(lay.sync_words, torch.int32), empty(lay.f32_words, f32), empty(lay.bytes, u8),
-        rows, 1, H, 0, Q_LORA, 0, block * 584, block,
+        rows, 1, H, 0, Q_LORA, 0, block * KV_RECORD, block,
     )

@@ -30,46 +30,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ... import model
+from ...deepseek_v4 import HEAD_DIM, HEADS, HIDDEN, KV_LORA, Q_LORA
 from ...resources import LDS_PER_CU
 from ...spec import Spec
 from .. import schedule as sched
+from ..geometry import (CTAS, LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS, MX_BLOCK, PARTIALS, SEAM_CHUNKS,
+                        SEAM_GROUP, TILE_K, TILE_N, WAVES)
 
-CTAS = 256
-THREADS = 512
-WAVES = THREADS // 64
-STREAMS = 4
-MIXES = 24  # (2 + 4) x 4: pre, post, comb
-PARTIALS = MIXES + 1  # the 24 dot products and the sum of squares
-SEAM_CHUNK = 128  # columns per S1 task (x 4 streams = one per thread)
-SEAM_CHUNKS = model.HIDDEN // SEAM_CHUNK  # 56
-SEAM_GROUP = 16  # rows per S1 task
-Q_LORA = 1536
-KV_LORA = 512
 QKV = Q_LORA + KV_LORA  # fused_wqa_wkv outputs
-HEAD_DIM = 512
-NOPE = 448
-ROPE = 64
-MX_BLOCK = 32  # MXFP8: one E8M0 per 32 values
-KV_SCALE_BLOCK = 64  # fp8_ds_mla: one UE8M0 per 64 NoPE dims
-KV_RECORD = 584
-KV_DATA = 576
-KV_SCALES = 8
-WEIGHT_BLOCK = 128  # checkpoint block scales: 128 x 128
-TILE_N = 16  # MFMA 16x16x128: 16 weight rows x 16 tokens per instruction
-TILE_K = 128
 S3_TILES = QKV // TILE_N  # 128
 S3_PARTS = 2
-S3_PART_STEPS = model.HIDDEN // TILE_K // S3_PARTS  # 28
+S3_PART_STEPS = HIDDEN // TILE_K // S3_PARTS  # 28
 HEADS_PER_TASK = WAVES  # S6: one wave per head
-EPS = 1e-6
 
-# LDS (f32 words): block-reduction partials (32 slots per wave), the seam gate's 25 sums, and
-# the GEMVs' split-K accumulators for up to 64 rows (4 row tiles of 16 x 16 per wave).
-RED_SLOTS = 32
-LDS_RED_WORDS = WAVES * RED_SLOTS
-LDS_GATE_WORDS = 32
-LDS_ACC_WORDS = WAVES * (model.MAX_DECODE_TOKENS // TILE_N) * 64 * 4
+# LDS: the shared block-reduction, gate and split-K areas (geometry.py).
 STATIC_LDS_BYTES = 4 * (LDS_RED_WORDS + LDS_GATE_WORDS + LDS_ACC_WORDS)
 # Unused dynamic LDS that takes a CTA past half of a CU's 160 KiB, so no CU can hold two K1
 # CTAs and the 256 CTAs land one per CU (MI355X: 256 CUs). The runner launches with it (meta's
@@ -120,8 +94,8 @@ F32_REGIONS: tuple[sched.Region, ...] = (
 
 # The GEMVs' MXFP8 operands, one row per token of the MFMA's B operand.
 BYTE_REGIONS: tuple[sched.Region, ...] = (
-    sched.Region("x_codes", lambda lay: lay.operand_rows * model.HIDDEN, "[operand_rows, 7168] e4m3 of the normed row"),
-    sched.Region("x_scales", lambda lay: lay.operand_rows * (model.HIDDEN // MX_BLOCK), "[operand_rows, 224] its E8M0 codes"),
+    sched.Region("x_codes", lambda lay: lay.operand_rows * HIDDEN, "[operand_rows, 7168] e4m3 of the normed row"),
+    sched.Region("x_scales", lambda lay: lay.operand_rows * (HIDDEN // MX_BLOCK), "[operand_rows, 224] its E8M0 codes"),
     sched.Region("qr_codes", lambda lay: lay.operand_rows * Q_LORA, "[operand_rows, 1536] e4m3 of the normed qr"),
     sched.Region("qr_scales", lambda lay: lay.operand_rows * (Q_LORA // MX_BLOCK), "[operand_rows, 48]"),
 )
@@ -142,7 +116,7 @@ class K1Layout:
     # -- widths ------------------------------------------------------------------------
     @property
     def heads(self) -> int:
-        return model.HEADS // self.tp
+        return HEADS // self.tp
 
     @property
     def q_width(self) -> int:

@@ -13,14 +13,11 @@ from typing import Any, Mapping
 
 import torch
 
-from ... import model
+from ... import deepseek_v4
+from ...deepseek_v4 import EPS, HC_POST_ALPHA, HEAD_DIM, KV_LORA, NOPE, Q_LORA, ROPE, SINKHORN_ROUNDS, STREAMS
 from ...spec import Spec
-from .layout import (EPS, HEAD_DIM, KV_DATA, KV_LORA, KV_RECORD, KV_SCALE_BLOCK, MX_BLOCK, NOPE, Q_LORA, ROPE,
-                     SEAM_CHUNK, STREAMS, WEIGHT_BLOCK)
+from ..geometry import E4M3_MAX, KV_DATA, KV_RECORD, KV_SCALE_BLOCK, MX_BLOCK, SEAM_CHUNK, WEIGHT_BLOCK
 
-E4M3_MAX = 448.0
-SINKHORN_ROUNDS = 20
-HC_POST_ALPHA = 2.0
 KV_AMAX_FLOOR = 1e-4  # vLLM's insert floors a 64-block's amax before choosing its scale
 
 
@@ -342,7 +339,7 @@ def k1(x: torch.Tensor, residual: torch.Tensor, post_mix: torch.Tensor, res_mix:
     gate = gate_from_partials(partials, r[0].numel(), w.hc_base, w.hc_scale)  # S2
     x_norm = rms_norm(collapse(r, gate.pre), w.attn_norm)
     x_codes, x_scales = mxfp8_quantize(x_norm)
-    qkv_raw = fp8_gemv(x_codes, x_scales, w.w_qkv, w.s_qkv, model.HIDDEN, w.qkv_shuffled)  # S3
+    qkv_raw = fp8_gemv(x_codes, x_scales, w.w_qkv, w.s_qkv, deepseek_v4.HIDDEN, w.qkv_shuffled)  # S3
     front = attention_front(qkv_raw, w, positions)  # S4
     q_raw = fp8_gemv(front.qr_codes, front.qr_scales, w.w_qb, w.s_qb, Q_LORA, w.qb_shuffled)  # S5
     return K1Outputs(r=r, post=gate.post, comb=gate.comb, x_norm=x_norm, qr=front.qr,
@@ -357,7 +354,7 @@ def run(a: Mapping[str, Any], spec: Spec | None = None) -> None:
     runtime's reference backend launches K1 with this; layer 0's x, post_mix and res_mix are
     never read (they may come in empty). K1's shapes follow from its arguments: `spec` is not
     read."""
-    m, hidden = a["m"], model.HIDDEN
+    m, hidden = a["m"], deepseek_v4.HIDDEN
     q_rows = a["s_qb"].numel() // (Q_LORA // WEIGHT_BLOCK) * WEIGHT_BLOCK  # heads x 512
     shuffled_qkv, shuffled_qb = bool(a["qkv_shuffled"]), bool(a["qb_shuffled"])
     w = K1Weights(

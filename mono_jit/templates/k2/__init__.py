@@ -83,20 +83,18 @@ from __future__ import annotations
 from ...resources import Budget
 from ...spec import Spec
 from ..base import COMMON_SOURCES, Argument, LaunchShape, Template, WorkBuffer
-from .layout import PAIR_BYTES, PIN_LDS_BYTES, STATE_TABLE, WEIGHT_TABLE
+from ..geometry import CTAS, PAIR_BYTES, PEERS, THREADS
+from .layout import PIN_LDS_BYTES, STATE_TABLE, WEIGHT_TABLE
 from .moe_layout import TOPK, K2MoeLayout
-from ..k1.layout import CTAS, THREADS
-
-PEERS = 8
 
 
 class K2Template(Template):
     name = "k2"
     spec_fields = ("tp", "ratio", "topk_width", "max_tokens")
     source_files = COMMON_SOURCES + (
-        "templates/_sync.py", "templates/sync_area.py", "templates/schedule.py", "templates/_numerics.py",
-        "templates/_gemv.py",
-        "templates/_seam.py", "templates/k1/__init__.py", "templates/k1/layout.py", "templates/k1/addressing.py",
+        "templates/sync_device.py", "templates/sync_words.py", "templates/schedule.py", "templates/_numerics.py",
+        "templates/_gemv.py", "templates/addressing.py", "templates/k2/allreduce.py",
+        "templates/_seam.py", "templates/k1/__init__.py", "templates/k1/layout.py",
         "templates/k1/reference.py", "templates/keytable/__init__.py", "templates/keytable/kernel.py",
         "templates/keytable/reference.py", "templates/k2/__init__.py", "templates/k2/layout.py",
         "templates/k2/reference.py", "templates/k2/addressing.py", "templates/k2/kernel.py",

@@ -1,16 +1,16 @@
 """K2's index arithmetic beyond the layout's regions: which lane reads which q, record and
-operand bytes, and which thread pushes which pair. Like k1/addressing.py, plain + - * // %
+operand bytes, and which thread pushes which pair. Like templates/addressing.py, plain + - * // %
 (and comparisons) on ints, torch tensors or FlyDSL values: the kernel's address code is traced
 from these functions, and the CPU tests run them to emulate wo_a and wo_b through the
 independent MFMA model and to bound every access (tests/test_k2_addressing.py)."""
 
 from __future__ import annotations
 
-from ..k1 import addressing as k1
-from ..k1.layout import HEAD_DIM, MX_BLOCK, NOPE, TILE_N
+from ..addressing import result_lane, split_steps
+from ...deepseek_v4 import HEAD_DIM, NOPE
+from ..geometry import MX_BLOCK, TILE_N, WAVE
 from .layout import HEADS_PER_GROUP, O_LORA, WOA_PARTS, K2Layout
 
-WAVE = 64
 RECORD_CHUNK = 16  # bytes: S2 reads a record's data as 16-byte chunks of the cache (byte offset // 16)
 SLICE = HEAD_DIM // 32  # S2: 16 dims a lane, 32 lanes a head
 NOPE_SLICES = NOPE // SLICE  # 28 lanes of a head read e4m3 bytes, the last 4 bf16 RoPE dims
@@ -73,12 +73,12 @@ def woa_operand(lay: K2Layout, group):
 
 def woa_steps(part, wave):
     """(K step within the group, keep) of one wave of a wo_a task in K half `part`."""
-    return k1.split_steps(part * WOA_STEPS, WOA_STEPS, wave)
+    return split_steps(part * WOA_STEPS, WOA_STEPS, wave)
 
 
 def wob_steps(lay: K2Layout, wave):
     """(K step, keep) of one wave of a wo_b task: the o_width / 128 steps over 8 waves."""
-    return k1.split_steps(0, lay.o_width // 128, wave)
+    return split_steps(0, lay.o_width // 128, wave)
 
 
 # -- S6: the pairs a wo_b task pushes ---------------------------------------------------------------
@@ -86,12 +86,12 @@ def wob_steps(lay: K2Layout, wave):
 def wob_pair(index, row_tiles: int):
     """(row tile, source lane, first element, real) of S6 pair slot `index` (a CTA runs slots
     tid, tid + 512): a slot adds elements e0, e0 + 1 of one result lane over the 8 waves, two
-    neighbouring output columns of one token (k1.result_lane), so they travel as one pair.
+    neighbouring output columns of one token (result_lane), so they travel as one pair.
     Slots past the real ones (real false) name a row tile past the last: clamp before reading."""
     return index // (WAVE * 2), index % (WAVE * 2) // 2, index % 2 * 2, index < row_tiles * WAVE * 2
 
 
 def wob_pair_target(task, src_lane, e0, t):
     """(token, first column) the pair of slot (t, src_lane, e0) of wo_b task `task` carries."""
-    column, token = k1.result_lane(src_lane, e0)
+    column, token = result_lane(src_lane, e0)
     return t * TILE_N + token, task * TILE_N + column

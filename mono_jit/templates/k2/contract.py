@@ -29,10 +29,11 @@ from typing import Any, Mapping
 
 import torch
 
-from ... import model
+from ... import deepseek_v4
 from ...runtime.host_memory import host_tensor
 from ...spec import Spec
-from ..k1.layout import STREAMS, WEIGHT_BLOCK
+from ...deepseek_v4 import STREAMS
+from ..geometry import WEIGHT_BLOCK
 from . import moe_reference as moe
 from . import reference as part_one
 from .layout import O_LORA, STATE_TABLE, WEIGHT_TABLE
@@ -40,7 +41,7 @@ from .moe_layout import TOPK, K2MoeLayout
 
 POLL_SECONDS = 600.0  # ranks are processes sharing a few CPU cores: wide skews are normal
 TAG_BYTES = 8
-H = model.HIDDEN
+H = deepseek_v4.HIDDEN
 
 
 class Mailboxes:
@@ -101,7 +102,7 @@ def _weights(t: dict[str, int], lay: K2MoeLayout, positions: torch.Tensor) -> pa
 
 
 def _moe_weights(t: dict[str, int], lay: K2MoeLayout, use_hash: bool) -> moe.MoeWeights:
-    u8, e, i = torch.uint8, model.ROUTED_EXPERTS, lay.inter
+    u8, e, i = torch.uint8, deepseek_v4.ROUTED_EXPERTS, lay.inter
     if not t["sgu_shuffled"] or t["sw2_shuffled"]:
         raise ValueError("K2 reference: the shared gate_up preshuffled and down row-major, as vLLM loads them")
     s2 = 2 * i  # the shared expert's share is as wide as a routed one's at TP8 (384)
@@ -127,10 +128,10 @@ def run(a: dict[str, Any], spec: Spec) -> None:
     s = dict(zip(STATE_TABLE, (int(v) for v in a["state"].tolist())))
     bf16, f32 = torch.bfloat16, torch.float32
     positions = a["positions"][:m]
-    csa = spec.ratio == model.CSA_RATIO
+    csa = spec.ratio == deepseek_v4.CSA_RATIO
     x = part_one.K2Inputs(
         q=host_tensor(s["q"], bf16, (m, lay.heads, 512)), positions=positions, slot_mapping=a["slot_mapping"][:m],
-        swa_indices=a["swa_indices"].view(-1, model.SWA_WINDOW)[:m], swa_lens=a["swa_lens"][:m],
+        swa_indices=a["swa_indices"].view(-1, deepseek_v4.SWA_WINDOW)[:m], swa_lens=a["swa_lens"][:m],
         topk=a["topk"].view(-1, lay.topk_width)[:m], ratio=spec.ratio,
         swa_cache=part_one.PagedCache(a["swa_cache"], a["swa_page_stride"], a["swa_block"]),
         comp_cache=part_one.PagedCache(a["comp_cache"], a["comp_page_stride"], a["comp_block"]),

@@ -13,28 +13,15 @@ How each stage runs on a CTA of 512 threads (8 waves of 64):
   SWA keys read the SWA cache, the rest the compressed cache (two loops, one state).
 - S3 merge: wave 0, a lane per 8 dims: the chunks' states and the sink merged in base 2, bf16,
   the inverse RoPE on lanes 56..63, MXFP8 per 32 (numerics.mx_store).
-- S4 wo_a / S6 wo_b: the shared scaled-MFMA GEMV (templates/_gemv.py, K1's operand layout).
+- S4 wo_a / S6 wo_b: the shared scaled-MFMA GEMV (templates/_gemv.py, templates/addressing.py's operand layout).
   S6 reduces its waves' accumulators through LDS, rounds to bf16 and pushes (bf16 pair, tag)
-  as one 8-byte system-scope store per pair to the peers.
+  as one 8-byte system-scope store per pair to the peers (allreduce.wob_push).
 - S7 reduce + fold: 64 threads sum a row's 128 columns over the ranks in rank order (f32, then
   bf16) into LDS, and the CTA folds the row with the shared seam code (templates/_seam.py).
 - S8: the shared seam row with hc_ffn_* and ffn_norm.
 
-Cross-rank hand-offs (gfx950 facts, each from code that runs there):
-- a pair is stored by one atomic 64-bit store at system scope (LLVM syncscope "", monotonic),
-  which LLVM's AMDGPU backend lowers on gfx942 / gfx950 to `global_store_dwordx2 ... sc0 sc1`
-  (AMDGPUUsage, "Memory Model GFX942": system-scope atomics set SC0 and SC1) and a poll is the
-  matching `global_load_dwordx2 ... sc0 sc1`; vLLM 0.33's in-tree mono pushes and polls its
-  peer pairs with the same cache policy (mono/common/ops.py CM_SYS = SC0 | SC1, "system scope
-  (peers over XGMI)"; common/sync.py Mailbox.put / poll). tests/test_k2_gates.py checks the
-  instructions in the ISA. The value and its tag land together because the store is one
-  8-byte access, so no flag or fence is needed between them.
-- the peer buffers are uncached, fine-grained device memory (runtime/peer.py, as AITER's
-  UncachedIpcHeap), so the SC0 SC1 loads see peers' stores without cache maintenance.
-- a poll that has not seen its tag `peer_wait_us` microseconds after it began (s_memrealtime's
-  100 MHz clock, layout.TICKS_PER_US) traps (s_trap 2): a rank that died mid-step fails the
-  launch instead of hanging the GPU, and a rank that is late (host work between K1 and K2) is
-  waited for.
+Cross-rank hand-offs (S6's and S18's pushes, S7's and S19's polls and rank-order sums, and the
+gfx950 facts they rest on): allreduce.py.
 
 What has been verified of this kernel, and where: docs/layer.md, "What each kernel's checks
 cover".
@@ -49,36 +36,36 @@ import flydsl.expr as fx
 import torch
 from flydsl.expr import const_expr, gpu, range_constexpr
 
-from ... import model
+from ... import deepseek_v4
+from ...deepseek_v4 import HEAD_DIM, MIXES, NOPE, STREAMS
 from ...spec import Spec
-from .._dsl import (WAVE, butterfly, dsl, flat_view, fresh, fresh_pointer, fresh_scalar, load, load_global,
-                    load_scalar, pointer_code, pointer_load, realtime, store, store_scalar, table_entry,
-                    table_pointer, typed_view, word_pointer)
+from ..addressing import kv_offsets, mx_code_offset, mx_scale_offset, split_steps
+from .. import schedule as stage_table
+from .._dsl import (butterfly, dsl, flat_view, fresh, fresh_pointer, fresh_scalar, load, load_global, load_scalar,
+                    pointer_code, pointer_load, store, store_scalar, table_entry, table_pointer, typed_view,
+                    word_pointer)
 from .._gemv import Fp8Weight, Mxfp8Rows, gemv_reduce, gemv_steps
-from .._numerics import LOG2E, VEC, bf16_round, e8m0_scale, fp8x4_to_f32, load8_f32, mx_store, rope8
+from .._numerics import LOG2E, VEC, bf16_pair_f32, bf16_round, e8m0_scale, fp8x4_to_f32, load8_f32, mx_store, rope8
 from .._seam import fold_row, mix_weights, seam_row
-from .._sync import arrive, leave, publish, step_tag, trap_if, wait
-from .. import schedule as sched
 from ..base import Build
-from ..k1 import addressing as ad
-from ..k1.layout import (CTAS, HEAD_DIM, KV_DATA, KV_SCALES, LDS_ACC_WORDS, LDS_GATE_WORDS,
-                         LDS_RED_WORDS, MIXES, NOPE, PARTIALS, SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, STREAMS,
-                         THREADS, TILE_N, WAVES)
+from ..geometry import (CTAS, KV_RECORD, LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS, PAIR_BYTES, PARTIALS,
+                        PEERS, SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, THREADS, TILE_N, WAVE, WAVES)
 from ..keytable.kernel import key_table_row
 from ..router.kernel import select_top6
-from . import addressing as k2a
-from .layout import (HEAD_TILE, HEADS_PER_GROUP, LDS_Y_WORDS, PAIR_BYTES, TICKS_PER_US,
-                     LDS_MOE_WORDS, PIN_LDS_BYTES, STATE_TABLE, WEIGHT_TABLE)
-from .moe_layout import SCHEDULE, DOWN_TILES, SHARED_K_PARTS, TOPK, K2MoeLayout
-from . import moe_addressing as ma
-from . import moe_kernel as mk
+from ..sync_device import arrive, leave, publish, step_tag, wait
+from . import addressing as attention_addressing
+from .moe_addressing import expert_scale_bytes, expert_weight_bytes, w13_tile
+from .moe_kernel import PickRows, act_row, fp4_steps, logits_task, reduce_to_picks, store_down, union_task
+from .allreduce import moe_push, reduce_row, stage_peer_addresses, wob_push
+from .layout import (HEAD_TILE, HEADS_PER_GROUP, LDS_MOE_WORDS, LDS_PEER_WORDS, LDS_Y_WORDS, PIN_LDS_BYTES,
+                     STATE_TABLE, WEIGHT_TABLE)
+from .moe_layout import SCHEDULE, DOWN_TILES, EXPERTS, SHARED_K_PARTS, TOPK, K2MoeLayout
 from .reference import SCALE
 
-H = model.HIDDEN
-PEERS = 8  # peer-buffer arguments: always eight, the ones past tp unused (a stable ABI)
+H = deepseek_v4.HIDDEN
 KEY_STEP = 4  # keys whose loads a S2 lane has in flight together
-SLICE, NOPE_SLICES = k2a.SLICE, k2a.NOPE_SLICES  # S2: 16 dims a lane; 28 lanes of a head read e4m3
-I32_MASK = 0xFFFFFFFF
+# S2: 16 dims a lane; 28 lanes of a head read e4m3
+SLICE, NOPE_SLICES = attention_addressing.SLICE, attention_addressing.NOPE_SLICES
 ML_STRIDE = 2 * HEAD_TILE  # K2Layout.attn_ml_at: words from one S2 task's (max, sum) to the next
 ACC_STRIDE = HEAD_TILE * HEAD_DIM  # K2Layout.attn_acc_at: from one S2 task's accumulators to the next
 
@@ -89,18 +76,11 @@ class _Shared:
     gate: fx.Array[fx.Float32, LDS_GATE_WORDS, 16]  # the seam's 25 sums, then pre
     acc: fx.Array[fx.Float32, LDS_ACC_WORDS, 16]  # GEMV split-K partials
     y: fx.Array[fx.Float32, LDS_Y_WORDS, 16]  # S7: the reduced row's 128 columns
-    peers: fx.Array[fx.Int32, 2 * PEERS, 16]  # every rank's peer-buffer address (low, high words)
+    peers: fx.Array[fx.Int32, LDS_PEER_WORDS, 16]  # every rank's peer-buffer address (low, high words)
     moe: fx.Array[fx.Int32, LDS_MOE_WORDS, 16]  # S11: the union's slots, then the waves' counts
 
 
 # -- S2: the sparse MQA over fp8_ds_mla records -------------------------------------------------
-
-def _bf16_pair_f32(word):
-    """(low, high) bf16 of an i32 as two f32 (a bf16 is the top half of its f32)."""
-    lo = fx.Vector.filled(1, word << 16, fx.Int32).bitcast(fx.Float32)[0]
-    hi = fx.Vector.filled(1, word & -65536, fx.Int32).bitcast(fx.Float32)[0]
-    return lo, hi
-
 
 def _key_slice(cache, slot, page_stride, block, s):
     """Lane slice `s` (16 dims) of the record at `slot` as 16 f32: e4m3 x 2^(code - 127) for
@@ -110,21 +90,21 @@ def _key_slice(cache, slot, page_stride, block, s):
     2^31 bytes a buffer resource's offsets reach (vLLM 0.33's in-tree mono reads its records
     through 64-bit addresses for the same reason: attention/back.py key_rec, attention/device.py
     gload)."""
-    data, scales = ad.kv_offsets(slot, block, page_stride)
+    data, scales = kv_offsets(slot, block, page_stride)
     rope_lane = s >= NOPE_SLICES
-    words = word_pointer(cache + k2a.record_piece(data, s))
+    words = word_pointer(cache + attention_addressing.record_piece(data, s))
     first = pointer_load(words, 0, 4)
     second = pointer_load(words, 4, 4)
-    code = pointer_code(cache, k2a.record_code(scales, s))
+    code = pointer_code(cache, attention_addressing.record_code(scales, s))
     scale = e8m0_scale(code)
     nope = []
     for w in range_constexpr(4):
         nope += fp8x4_to_f32(first[w])
     rope = []
     for w in range_constexpr(4):
-        rope += list(_bf16_pair_f32(first[w]))
+        rope += list(bf16_pair_f32(first[w]))
     for w in range_constexpr(4):
-        rope += list(_bf16_pair_f32(second[w]))
+        rope += list(bf16_pair_f32(second[w]))
     return [rope_lane.select(rope[i], nope[i] * scale) for i in range_constexpr(SLICE)]
 
 
@@ -170,9 +150,9 @@ def _attention_task(lay, task, q_view, SwaCache, CompCache, i32, f32x4, f32, swa
                     comp_page_stride, comp_block, tid):
     """S2 task `task` = (row, head tile, key chunk): the chunk's state per head to the scratch."""
     row, tile, chunk = lay.s2_task(task)
-    h, s = k2a.s2_lane(tid)
+    h, s = attention_addressing.s2_lane(tid)
     head = fx.min(tile * HEAD_TILE + h, lay.heads - 1)
-    q_at = k2a.q_chunk(lay, row, head, s)
+    q_at = attention_addressing.q_chunk(lay, row, head, s)
     q = []
     for half in range_constexpr(2):
         q_part = load(q_view, q_at + half, fx.BFloat16, VEC).to(fx.Float32)
@@ -225,7 +205,7 @@ def _merge_task(lay, task, attn_sink, rope, Positions, f32, f32x4, u8x8, u8, lan
     position = load_global(Positions, row).to(fx.Int32)
     turned = rope8(o, rope, position, fx.max(lane - nope_lanes, 0) * (VEC // 2), inverse=True)
     o = [(lane >= nope_lanes).select(turned[e], o[e]) for e in range_constexpr(VEC)]
-    mx_store(o, u8x8, u8, *k2a.xo_row(lay, row, head), lane, lane < WAVE)
+    mx_store(o, u8x8, u8, *attention_addressing.xo_row(lay, row, head), lane, lane < WAVE)
 
 
 @dsl
@@ -239,190 +219,17 @@ def _z_quant_row(lay, row, f32x4, u8x8, u8, tid):
         first = load8_f32(f32x4, lay.woa_raw + row * lay.o_width + at)
         second = load8_f32(f32x4, lay.woa_raw + (lay.rows + row) * lay.o_width + at)
         z = [bf16_round(first[e] + second[e]) for e in range_constexpr(VEC)]
-        mx_store(z, u8x8, u8, *k2a.z_row(lay, row), valid.select(chunk, 0), valid)
-
-
-# -- the all-reduce's pairs ---------------------------------------------------------------------
-
-def _pair(bits, tag):
-    """(value word, tag) as the i64 one store writes: the value at the lower address."""
-    return (fx.Int64(tag) << 32) | (fx.Int64(bits) & I32_MASK)
-
-
-@dsl
-def _stage_peer_addresses(Peers, lds_peers, tid):
-    """Copy the `peers` table (an i64 address a rank, what runtime/peer.py exchanges) into LDS
-    once a launch. A push reads its peer's address from there into VGPRs: as scalar loads of
-    the table, the eight addresses held 16 SGPRs through the all-reduce and the two-hop builds
-    spilled SGPRs. (vLLM's mono also reads its peer bases from a table: common/ops.py
-    peer_bases.)"""
-    if tid < PEERS:
-        address = load_global(Peers, tid)
-        fx.memref_store((address & I32_MASK).to(fx.Int32), lds_peers, 2 * tid)
-        fx.memref_store((address >> 32).to(fx.Int32), lds_peers, 2 * tid + 1)
-    gpu.barrier()
-
-
-def _peer_pointer(lds_peers, own, rank):
-    """Rank `rank`'s peer buffer as a pointer of the own buffer's type (from LDS: a VGPR value)."""
-    low = fx.Int64(fx.memref_load(lds_peers, 2 * rank)) & I32_MASK
-    address = (fx.Int64(fx.memref_load(lds_peers, 2 * rank + 1)) << 32) | low
-    return fx.inttoptr(fx.get_iter(own).type, address)
-
-
-def _put(pointer, index, bits, tag) -> None:
-    """One pair into a rank's peer buffer: a single 8-byte atomic store at system scope."""
-    fx.generic_store(pointer + index, _pair(bits, tag), memory_order=fx.AtomicOrdering.Monotonic)
-
-
-def _peek(buffer, index):
-    return fx.generic_load(fx.get_iter(buffer) + index, memory_order=fx.AtomicOrdering.Monotonic)
-
-
-@dsl
-def _poll(buffer, indices, tag, wait_us):
-    """The value words of pairs `indices` of this rank's buffer once every one carries `tag`:
-    all loaded together, all re-loaded while any is stale; a wave whose lanes still see a stale
-    pair `wait_us` microseconds (s_memrealtime) after the first load traps."""
-    deadline = realtime() + fx.Int64(wait_us) * TICKS_PER_US
-    seen = fx.Vector.from_elements([_peek(buffer, i) for i in indices], fx.Int64)
-    late = fx.Int32(0)
-    stale = fx.Int32(0)
-    for n in range_constexpr(len(indices)):
-        stale = stale | ((seen[n] >> 32).to(fx.Int32) != tag).select(1, 0)
-    while (stale != 0) & (late == 0):
-        fx.rocdl.s_sleep(1)
-        seen = fx.Vector.from_elements([_peek(buffer, i) for i in indices], fx.Int64)
-        stale = fx.Int32(0)
-        for n in range_constexpr(len(indices)):
-            stale = stale | ((seen[n] >> 32).to(fx.Int32) != tag).select(1, 0)
-        late = (realtime() > deadline).select(1, 0)
-    trap_if(butterfly(stale, fx.max, range(6)))
-    return [seen[n].to(fx.Int32) for n in range_constexpr(len(indices))]
-
-
-def _sum_in_rank_order(words):
-    """The ranks' bf16 pairs summed in f32 in rank order: (low sum, high sum)."""
-    lo, hi = _bf16_pair_f32(words[0])
-    for w in words[1:]:
-        a, b = _bf16_pair_f32(w)
-        lo, hi = lo + a, hi + b
-    return lo, hi
-
-
-def _bf16_pair_bits(lo, hi):
-    """Two f32 as one i32 of two bf16 (RNE): lo in the low half."""
-    return fx.Vector.from_elements([lo, hi], fx.Float32).to(fx.BFloat16).bitcast(fx.Int32)[0]
-
-
-@dsl
-def _wob_push(lay, task, accs, lds_acc, peers, mailbox, half_at, rank, tag, m, tid, wave, lane):
-    """S6 after its GEMV: the 8 waves' K parts added (fixed order), bf16, and each (token,
-    column pair) pushed: to every rank's PART (one hop) or the columns' owner's RS (two hops).
-    Pad tokens (m <= token < rows) push zeros; tokens past the bucket push nothing."""
-    row_tiles = len(accs)
-    for t in range_constexpr(row_tiles):
-        for e in range_constexpr(4):
-            fx.memref_store(accs[t][e], lds_acc, ad.lds_acc_slot(wave, t, lane, e, row_tiles))
-    gpu.barrier()
-    pairs = row_tiles * WAVE * 2
-    for rep in range_constexpr((pairs + THREADS - 1) // THREADS):
-        index = tid + rep * THREADS
-        t, src_lane, e0, real = k2a.wob_pair(index, row_tiles)
-        t = fx.min(t, row_tiles - 1)  # spare slots read a real accumulator and push nothing
-        totals = []
-        for e in range_constexpr(2):
-            total = fx.Float32(0.0)
-            for w in range_constexpr(WAVES):
-                total = total + fx.memref_load(lds_acc, ad.lds_acc_slot(w, t, src_lane, e0 + e, row_tiles))
-            totals.append(total)
-        token, col = k2a.wob_pair_target(task, src_lane, e0, t)
-        live = token < m
-        bits = _bf16_pair_bits(live.select(totals[0], 0.0), live.select(totals[1], 0.0))
-        if const_expr(lay.two_hop):
-            to = lay.wob_owner(task)
-            at = half_at + lay.rs_pair(rank, token, col) // PAIR_BYTES
-        else:
-            to = -1  # every rank
-            at = half_at + lay.part_pair(rank, token, col) // PAIR_BYTES
-        _put_some(peers, mailbox, lay.tp, to, at, bits, tag, real & (token < lay.rows))
-    gpu.barrier()  # lds_acc is free again
-
-
-@dsl
-def _put_some(peers, mailbox, tp, to, at, bits, tag, valid):
-    """Pair `at` := (bits, tag) in peer `to`'s buffer, or in every peer's when `to` is -1."""
-    if valid:
-        for p in range_constexpr(tp):
-            if (to == p) | (to == -1):
-                _put(_peer_pointer(peers, mailbox, p), at, bits, tag)
-
-
-def _reduce_row(lay, chunk, row, live, mailbox, peers, half_at, rank, tag, wait_us, y, tid):
-    """S7, threads 0..63: columns 2 tid, 2 tid + 1 of the chunk for `row`, all-reduced, into
-    LDS y (0 for a pad row). Two hops: the chunk's owner sums RS and pushes the bf16 sums to
-    every rank's AG (pad rows too); the others read AG."""
-    col = chunk * SEAM_CHUNK + 2 * tid
-    if lay.two_hop:
-        sources = [half_at + lay.rs_pair(src, row, col) // PAIR_BYTES for src in range(lay.tp)]
-        gathered = half_at + lay.ag_pair(row, col) // PAIR_BYTES
-        _reduce_two_hops(lay.seam_owner(chunk) == rank, live, sources, gathered, mailbox, peers, lay.tp, tag,
-                         wait_us, y, tid)
-    else:
-        sources = [half_at + lay.part_pair(src, row, col) // PAIR_BYTES for src in range(lay.tp)]
-        _reduce_one_hop(live, sources, mailbox, tag, wait_us, y, tid)
-    gpu.barrier()
-
-
-@dsl
-def _reduce_one_hop(live, sources, mailbox, tag, wait_us, y, tid):
-    if tid < SEAM_CHUNK // 2:
-        lo, hi = fx.Float32(0.0), fx.Float32(0.0)
-        if live:
-            lo, hi = _sum_in_rank_order(_poll(mailbox, sources, tag, wait_us))
-        fx.memref_store(bf16_round(lo), y, 2 * tid)
-        fx.memref_store(bf16_round(hi), y, 2 * tid + 1)
-
-
-@dsl
-def _reduce_two_hops(owner, live, sources, gathered, mailbox, peers, tp, tag, wait_us, y, tid):
-    if tid < SEAM_CHUNK // 2:
-        lo, hi = fx.Float32(0.0), fx.Float32(0.0)
-        if live:  # one poll either way: the owner's RS pairs, or the AG pair (read tp times)
-            words = _poll(mailbox, [owner.select(source, gathered) for source in sources], tag, wait_us)
-            summed, taken = _sum_in_rank_order(words), _bf16_pair_f32(words[0])
-            lo, hi = owner.select(summed[0], taken[0]), owner.select(summed[1], taken[1])
-        if owner:  # to every rank's AG, its own too (it never reads its own columns there)
-            bits = _bf16_pair_bits(lo, hi)
-            for p in range_constexpr(tp):
-                _put(_peer_pointer(peers, mailbox, p), gathered, bits, tag)
-        fx.memref_store(bf16_round(lo), y, 2 * tid)
-        fx.memref_store(bf16_round(hi), y, 2 * tid + 1)
+        mx_store(z, u8x8, u8, *attention_addressing.z_row(lay, row), valid.select(chunk, 0), valid)
 
 
 @dsl
 def _top6_row(f32, i32, bias, route_ids, logits_at, ids_at, weights_at, row, lane, use_hash):
     """S10, wave 0: the row's six experts and weights (router/kernel.select_top6) to the scratch."""
-    expert, weight, active = select_top6(lambda e: load_scalar(f32, logits_at + row * mk.E + e, fx.Float32), bias,
+    expert, weight, active = select_top6(lambda e: load_scalar(f32, logits_at + row * EXPERTS + e, fx.Float32), bias,
                                          route_ids, row, lane, use_hash)
     if active:
         store_scalar(i32, ids_at + row * TOPK + lane, expert, fx.Int32)
         store_scalar(f32, weights_at + row * TOPK + lane, weight, fx.Float32)
-
-
-def _moe_push(lay, task, f32, i32, peers, mailbox, half_at, rank, tag, m, tid):
-    """S18: thread (row, column pair) of tile `task` computes its MoE partial pair and pushes it
-    as S6 pushes the attention's (one hop: every rank; two hops: the columns' owner)."""
-    pairs = TILE_N // 2
-    row, col = tid // pairs, task * TILE_N + tid % pairs * 2
-    at_row = fx.min(row, lay.rows - 1)
-    lo, hi = mk.partial_pair(f32, i32, lay.ids, lay.routed_y, lay.shared_raw, at_row, col, row < m)
-    bits = _bf16_pair_bits(lo, hi)
-    if lay.two_hop:
-        to, at = lay.wob_owner(task), half_at + lay.rs_pair(rank, at_row, col) // PAIR_BYTES
-    else:
-        to, at = -1, half_at + lay.part_pair(rank, at_row, col) // PAIR_BYTES
-    _put_some(peers, mailbox, lay.tp, to, at, bits, tag, row < lay.rows)
 
 
 # -- the kernel ------------------------------------------------------------------------------
@@ -453,7 +260,7 @@ class _Scratch:
 
 
 ALL_STAGES = frozenset(s.number for s in SCHEDULE)
-PEER_STAGES = sched.peer_stages(SCHEDULE)  # the stages that push to or poll the peer buffers
+PEER_STAGES = stage_table.peer_stages(SCHEDULE)  # the stages that push to or poll the peer buffers
 
 
 def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
@@ -461,14 +268,14 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
     waits and flags as lay.schedule states them; a subset is a standalone launch of those stages
     that reads its inputs from the buffers as the caller prepared them (k1/kernel.make_kernel),
     for the per-stage tests on a GPU."""
-    rows, row_tiles, csa = lay.rows, lay.seam.row_tiles, lay.ratio == model.CSA_RATIO
+    rows, row_tiles, csa = lay.rows, lay.seam.row_tiles, lay.ratio == deepseek_v4.CSA_RATIO
     half_words = lay.half_bytes // PAIR_BYTES
 
     def await_producers(stage: int, task, m, sync, tag, tid, i32) -> None:
         """Stage `stage`'s waits for `task`, as lay.schedule states them, those whose producer
         this build holds (a stage subset reads the rest as the caller prepared it)."""
-        for w in sched.stage(lay.schedule, stage).waits_kept(stages):
-            first, count, *stride = sched.awaited(lay, w, task, m, _Scratch(lay, i32))
+        for w in stage_table.stage(lay.schedule, stage).waits_kept(stages):
+            first, count, *stride = stage_table.awaited(lay, w, task, m, _Scratch(lay, i32))
             wait(sync, first, count, tag, tid, *stride)
 
     @flyc.kernel
@@ -489,13 +296,13 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
         gate = shared.gate.view(fx.make_layout(LDS_GATE_WORDS, 1))
         lds_acc = shared.acc.view(fx.make_layout(LDS_ACC_WORDS, 1))
         y = shared.y.view(fx.make_layout(LDS_Y_WORDS, 1))
-        lds_peers = shared.peers.view(fx.make_layout(2 * PEERS, 1))
+        lds_peers = shared.peers.view(fx.make_layout(LDS_PEER_WORDS, 1))
         lds_moe = shared.moe.view(fx.make_layout(LDS_MOE_WORDS, 1))
         tag = step_tag(Sync)
         half_at = ((tag - 1) & 1) * half_words  # the peer half of this launch's epoch parity
         arrive(Sync, tid)
         if const_expr(bool(stages & PEER_STAGES)):
-            _stage_peer_addresses(Peers, lds_peers, tid)
+            stage_peer_addresses(Peers, lds_peers, tid)
 
         def work_views():
             """The work buffer's views (f32, f32x4, i32, u8, u8x8, u8x16), each bounded by its
@@ -576,9 +383,9 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
                              layer_int("woa_shuffled"))
             for task in range(cta, lay.s4_tasks, CTAS):
                 await_producers(4, task, m, Sync, tag, tid, i32)
-                n0, part, group = k2a.woa_task(lay, task)
-                acts = Mxfp8Rows(u8x16, u8, *k2a.woa_operand(lay, group))
-                accs = gemv_steps(w_oa, acts, n0, k2a.woa_steps(part, wave), lane, row_tiles)
+                n0, part, group = attention_addressing.woa_task(lay, task)
+                acts = Mxfp8Rows(u8x16, u8, *attention_addressing.woa_operand(lay, group))
+                accs = gemv_steps(w_oa, acts, n0, attention_addressing.woa_steps(part, wave), lane, row_tiles)
                 gemv_reduce(accs, lds_acc, tid, wave, lane, WAVES, row_tiles, f32,
                             lay.woa_raw + part * rows * lay.o_width, lay.o_width, n0, m)
                 publish(Sync, lay.f_woa + task, tag, tid)
@@ -601,8 +408,8 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
             z_mx = Mxfp8Rows(u8x16, u8, lay.z_codes, lay.z_scales, lay.o_width)
             for task in range(cta, lay.s6_tasks, CTAS):
                 await_producers(6, task, m, Sync, tag, tid, i32)
-                accs = gemv_steps(w_ob, z_mx, task * TILE_N, k2a.wob_steps(lay, wave), lane, row_tiles)
-                _wob_push(lay, task, accs, lds_acc, lds_peers, Mailbox, half_at, rank, tag, m, tid, wave, lane)
+                accs = gemv_steps(w_ob, z_mx, task * TILE_N, attention_addressing.wob_steps(lay, wave), lane, row_tiles)
+                wob_push(lay, task, accs, lds_acc, lds_peers, Mailbox, half_at, rank, tag, m, tid, wave, lane)
 
         # ---- S7: all-reduce and the FFN seam's fold -------------------------------------------
         if const_expr(7 in stages):
@@ -620,7 +427,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
                 first = group * SEAM_GROUP
                 for row in range(first, fx.min(first + SEAM_GROUP, rows)):
                     live = row < m
-                    _reduce_row(lay, chunk, row, live, Mailbox, lds_peers, half_at, rank, tag, peer_wait_us, y, tid)
+                    reduce_row(lay, chunk, row, live, Mailbox, lds_peers, half_at, rank, tag, peer_wait_us, y, tid)
                     if live:
                         fold_row(residual, post_in, comb_in, r_out, x_at, fx.Int32(1), fn, red, f32,
                                  lay.partials + (row * SEAM_CHUNKS + chunk) * PARTIALS, row, col, stream, tid,
@@ -639,7 +446,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
                              typed_view(state("r_out", fx.BFloat16), fx.BFloat16, rows * STREAMS * H, VEC),
                              weight("ffn_norm", fx.BFloat16),
                              typed_view(state("x_norm", fx.BFloat16), fx.BFloat16, rows * H, VEC), u8x8, u8,
-                             ad.mx_code_offset(lay.ffn_codes, row, 0, H), ad.mx_scale_offset(lay.ffn_scales, row, 0, H),
+                             mx_code_offset(lay.ffn_codes, row, 0, H), mx_scale_offset(lay.ffn_scales, row, 0, H),
                              row, tid, wave, lane, state("pre_out", fx.Float32))
                 publish(Sync, lay.f_norm + row, tag, tid)
 
@@ -653,7 +460,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
             tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             for task in range(cta, lay.s9_tasks, CTAS):
                 await_producers(9, task, m, Sync, tag, tid, i32)
-                mk.logits_task(typed_view(weight("gate", fx.BFloat16), fx.BFloat16, mk.E * H, VEC),
+                logits_task(typed_view(weight("gate", fx.BFloat16), fx.BFloat16, EXPERTS * H, VEC),
                                typed_view(state("x_norm", fx.BFloat16), fx.BFloat16, rows * H, VEC), f32,
                                lay.logits, task, m, wave, lane)
                 publish(Sync, lay.f_logits + task, tag, tid)
@@ -667,7 +474,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
                     if wave == 0:
                         # a hash layer has no bias: its view holds 0 bytes, so every read is 0 and
                         # touches no memory (the table entry may be 0)
-                        bias = typed_view(weight("bias", fx.Float32), fx.Float32, (use_hash == 0).select(mk.E, 0))
+                        bias = typed_view(weight("bias", fx.Float32), fx.Float32, (use_hash == 0).select(EXPERTS, 0))
                         _top6_row(f32, i32, bias,
                                   flat_view(RouteIds), lay.logits, lay.ids, lay.route_weights, row, lane, use_hash)
                 publish(Sync, lay.f_top + row, tag, tid)
@@ -677,7 +484,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
             tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             for task in range(cta, lay.tasks(11), CTAS):
                 await_producers(11, task, m, Sync, tag, tid, i32)
-                mk.union_task(i32, lds_moe, lay.ids, lay.union, lay.union_size, lay.pick_of, lay.slot_of, rows, m,
+                union_task(i32, lds_moe, lay.ids, lay.union, lay.union_size, lay.pick_of, lay.slot_of, rows, m,
                               tid)
                 publish(Sync, lay.f_union, tag, tid)
 
@@ -691,7 +498,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
             for task in range(cta, lay.s12_tasks, CTAS):
                 await_producers(12, task, m, Sync, tag, tid, i32)
                 tile, part = task // SHARED_K_PARTS, task % SHARED_K_PARTS
-                accs = gemv_steps(w_sgu, x_mx, tile * TILE_N, ad.split_steps(part * quarter, quarter, wave), lane,
+                accs = gemv_steps(w_sgu, x_mx, tile * TILE_N, split_steps(part * quarter, quarter, wave), lane,
                                   row_tiles)
                 gemv_reduce(accs, lds_acc, tid, wave, lane, WAVES, row_tiles, f32,
                             lay.sgu_raw + part * rows * 2 * inter, 2 * inter, tile * TILE_N, m)
@@ -705,7 +512,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
                     await_producers(13, row, m, Sync, tag, tid, i32)
                     if wave == 0:
                         first = lay.sgu_raw + row * 2 * inter
-                        mk.act_row(f32x4, u8x8, u8, first, first + inter, SHARED_K_PARTS, rows * 2 * inter, True,
+                        act_row(f32x4, u8x8, u8, first, first + inter, SHARED_K_PARTS, rows * 2 * inter, True,
                                    inter, lay.sh_codes + row * inter, lay.sh_scales + row * inter // 32, lane)
                 publish(Sync, lay.f_sact + row, tag, tid)
 
@@ -717,7 +524,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
             h_mx = Mxfp8Rows(u8x16, u8, lay.sh_codes, lay.sh_scales, inter)
             for task in range(cta, lay.s14_tasks, CTAS):
                 await_producers(14, task, m, Sync, tag, tid, i32)
-                accs = gemv_steps(w_sw2, h_mx, task * TILE_N, ad.split_steps(0, inter // 128, wave), lane,
+                accs = gemv_steps(w_sw2, h_mx, task * TILE_N, split_steps(0, inter // 128, wave), lane,
                                   row_tiles)
                 gemv_reduce(accs, lds_acc, tid, wave, lane, WAVES, row_tiles, f32, lay.shared_raw, H,
                             task * TILE_N, m)
@@ -726,8 +533,8 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
         # ---- S15: routed gate / up over the union ----------------------------------------------------
         if const_expr(15 in stages):
             tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
-            w13 = typed_view(weight("w13", fx.Uint8), fx.Uint8, ma.expert_weight_bytes(mk.E * 2 * inter, H), 16)
-            w13_s = typed_view(weight("w13_s", fx.Uint8), fx.Uint8, ma.expert_scale_bytes(mk.E * 2 * inter, H))
+            w13 = typed_view(weight("w13", fx.Uint8), fx.Uint8, expert_weight_bytes(EXPERTS * 2 * inter, H), 16)
+            w13_s = typed_view(weight("w13_s", fx.Uint8), fx.Uint8, expert_scale_bytes(EXPERTS * 2 * inter, H))
             x_mx = Mxfp8Rows(u8x16, u8, lay.ffn_codes, lay.ffn_scales, H)
             blocks = inter // TILE_N
             for task in range(cta, lay.s15_tasks, CTAS):
@@ -736,9 +543,9 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
                 if slot < load_scalar(i32, lay.union_size, fx.Int32):
                     expert = load_scalar(i32, lay.union + slot, fx.Int32)
                     for up in range_constexpr(2):
-                        accs = mk.fp4_steps(w13, w13_s, expert, ma.w13_tile(block, up), 2 * inter, H, x_mx,
-                                            ad.split_steps(0, H // 128, wave), lane, row_tiles)
-                        mk.reduce_to_picks(accs, lds_acc, i32, f32, lay.pick_of + slot * rows, lay.gu, 2 * inter,
+                        accs = fp4_steps(w13, w13_s, expert, w13_tile(block, up), 2 * inter, H, x_mx,
+                                            split_steps(0, H // 128, wave), lane, row_tiles)
+                        reduce_to_picks(accs, lds_acc, i32, f32, lay.pick_of + slot * rows, lay.gu, 2 * inter,
                                            up * inter + block * TILE_N, m, rows, tid, wave, lane)
                 publish(Sync, lay.f_rgu + task, tag, tid)
 
@@ -751,15 +558,15 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
                     await_producers(16, pick, m, Sync, tag, tid, i32)
                     if wave == 0:
                         first = lay.gu + pick * 2 * inter
-                        mk.act_row(f32x4, u8x8, u8, first, first + inter, 1, 0, False, inter,
+                        act_row(f32x4, u8x8, u8, first, first + inter, 1, 0, False, inter,
                                    lay.rh_codes + pick * inter, lay.rh_scales + pick * inter // 32, lane)
                 publish(Sync, lay.f_ract + pick, tag, tid)
 
         # ---- S17: routed down over the union, a wave a tile ------------------------------------------
         if const_expr(17 in stages):
             tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
-            w2 = typed_view(weight("w2", fx.Uint8), fx.Uint8, ma.expert_weight_bytes(mk.E * H, inter), 16)
-            w2_s = typed_view(weight("w2_s", fx.Uint8), fx.Uint8, ma.expert_scale_bytes(mk.E * H, inter))
+            w2 = typed_view(weight("w2", fx.Uint8), fx.Uint8, expert_weight_bytes(EXPERTS * H, inter), 16)
+            w2_s = typed_view(weight("w2_s", fx.Uint8), fx.Uint8, expert_scale_bytes(EXPERTS * H, inter))
             per_slot = H // TILE_N // DOWN_TILES
             for task in range(cta, lay.s17_tasks, CTAS):
                 await_producers(17, task, m, Sync, tag, tid, i32)
@@ -767,11 +574,11 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
                 if slot < load_scalar(i32, lay.union_size, fx.Int32):
                     expert = load_scalar(i32, lay.union + slot, fx.Int32)
                     tile = task % per_slot * DOWN_TILES + wave
-                    acts = mk.PickRows(u8x16, u8, i32, lay.rh_codes, lay.rh_scales, lay.pick_of + slot * rows, rows,
+                    acts = PickRows(u8x16, u8, i32, lay.rh_codes, lay.rh_scales, lay.pick_of + slot * rows, rows,
                                        inter)
-                    accs = mk.fp4_steps(w2, w2_s, expert, tile, H, inter, acts,
+                    accs = fp4_steps(w2, w2_s, expert, tile, H, inter, acts,
                                         [(s, None) for s in range_constexpr(inter // 128)], lane, row_tiles)
-                    mk.store_down(accs, acts, f32, lay.route_weights, lay.routed_y, tile, m, lane)
+                    store_down(accs, acts, f32, lay.route_weights, lay.routed_y, tile, m, lane)
                 publish(Sync, lay.f_rdown + task, tag, tid)
 
         # ---- S18: the rank's MoE partial, pushed (waits on its shared tile, then on its tiles' S17
@@ -780,7 +587,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
             tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
             for task in range(cta, lay.tasks(18), CTAS):
                 await_producers(18, task, m, Sync, tag, tid, i32)
-                _moe_push(lay, task, f32, i32, lds_peers, Mailbox, half_at + moe_words, rank, tag, m, tid)
+                moe_push(lay, task, f32, i32, lds_peers, Mailbox, half_at + moe_words, rank, tag, m, tid)
 
         # ---- S19: the MoE all-reduce into out --------------------------------------------------------
         if const_expr(19 in stages):
@@ -791,7 +598,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
                 first = group * SEAM_GROUP
                 for row in range(first, fx.min(first + SEAM_GROUP, rows)):
                     live = row < m
-                    _reduce_row(lay, chunk, row, live, Mailbox, lds_peers, half_at + moe_words, rank, tag,
+                    reduce_row(lay, chunk, row, live, Mailbox, lds_peers, half_at + moe_words, rank, tag,
                                 peer_wait_us, y, tid)
                     if live & (tid < SEAM_CHUNK):
                         store_scalar(out, row * H + chunk * SEAM_CHUNK + tid, fx.memref_load(y, tid).to(fx.BFloat16),
@@ -804,7 +611,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
     return k2_kernel
 
 
-def build(spec: Spec, stages: frozenset[int] = ALL_STAGES, schedule: tuple[sched.Stage, ...] = SCHEDULE) -> Build:
+def build(spec: Spec, stages: frozenset[int] = ALL_STAGES, schedule: tuple[stage_table.Stage, ...] = SCHEDULE) -> Build:
     """K2 holding `stages`, run as `schedule` says (SCHEDULE; the tests pass a wrong one to see
     the kernel follow it)."""
     lay = replace(K2MoeLayout.of(spec), schedule=schedule)
@@ -835,9 +642,9 @@ def placeholders(lay: K2MoeLayout) -> tuple:
 
     f32, u8, i32, i64 = torch.float32, torch.uint8, torch.int32, torch.int64
     block = 64
-    record_page = block * (KV_DATA + KV_SCALES)
+    record_page = block * KV_RECORD
     return (
-        empty(rows, i64), empty(rows, i64), empty(rows * model.SWA_WINDOW, i32), empty(rows, i32),
+        empty(rows, i64), empty(rows, i64), empty(rows * deepseek_v4.SWA_WINDOW, i32), empty(rows, i32),
         empty(rows * lay.topk_width, i32), empty(rows, i32), empty(rows * 64, i32),
         empty(4 * record_page, u8), empty(4 * record_page, u8), empty(len(WEIGHT_TABLE), i64),
         empty(len(STATE_TABLE), i64), empty(lay.sync_words, i32), empty(lay.work_words, f32),

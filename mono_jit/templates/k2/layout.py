@@ -80,29 +80,30 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import ClassVar
 
-from ... import model
+from ... import deepseek_v4
+from ...deepseek_v4 import HEAD_DIM
 from ...spec import Spec
-from ..k1.layout import (CTAS, HEAD_DIM, LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS, MX_BLOCK, PARTIALS,
-                         SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, TILE_N, K1Layout)
+from ..geometry import (CTAS, LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS, MX_BLOCK, PAIR_BYTES, PARTIALS, PEERS,
+                        SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, TILE_N)
+from ..k1.layout import K1Layout
 from ...resources import LDS_PER_CU
 from .. import schedule as sched
 
 HEAD_TILE = 16  # heads an attention MFMA takes
 KEY_GRANULE = 64  # a chunk is a multiple of 64 keys
 O_LORA = 1024  # wo_a's outputs a group
-HEADS_PER_GROUP = model.HEADS // model.OUTPUT_GROUPS  # 8: a wo_a group's heads
+HEADS_PER_GROUP = deepseek_v4.HEADS // deepseek_v4.OUTPUT_GROUPS  # 8: a wo_a group's heads
 WOA_PARTS = 2  # wo_a's K split
 MERGE_BLOCK = HEADS_PER_GROUP // WOA_PARTS  # 4 heads: one wo_a K half
-WOB_TILES = model.HIDDEN // TILE_N  # 448
-PAIR_BYTES = 8  # (value, tag): one 8-byte store
+WOB_TILES = deepseek_v4.HIDDEN // TILE_N  # 448
 ROW_ALIGN = 256  # bytes: every region starts on a 256-byte boundary
 
 # LDS (f32 words): K1's block-reduction, gate and split-K areas (the shared seam and GEMV code
 # use them), and the 128 reduced values of the S7 row being folded. The pin keeps one CTA a CU,
 # as K1's (k1/layout.py PIN_LDS_BYTES).
 LDS_Y_WORDS = SEAM_CHUNK
-LDS_PEER_WORDS = 16  # eight ranks' peer-buffer addresses
-LDS_MOE_WORDS = model.ROUTED_EXPERTS  # S11: the experts' chosen flags, then the union's slots
+LDS_PEER_WORDS = 2 * PEERS  # every rank's peer-buffer address (low, high words)
+LDS_MOE_WORDS = deepseek_v4.ROUTED_EXPERTS  # S11: the experts' chosen flags, then the union's slots
 STATIC_LDS_BYTES = 4 * (LDS_RED_WORDS + LDS_GATE_WORDS + LDS_ACC_WORDS + LDS_Y_WORDS + LDS_PEER_WORDS + LDS_MOE_WORDS)
 PIN_LDS_BYTES = LDS_PER_CU // 2 + 64 - STATIC_LDS_BYTES
 # A cross-rank wait lasts at most the launch's `peer_wait_us` microseconds, measured on
@@ -142,7 +143,7 @@ PAIR_BYTES_PER_VALUE = PAIR_BYTES // 2
 
 def allreduce_seconds(rows: int, two_hop: bool, tp: int = 8) -> float:
     """The model's time of one all-reduce of [rows, 7168] bf16 at TP `tp`."""
-    per_link = PAIR_BYTES_PER_VALUE * model.HIDDEN * rows
+    per_link = PAIR_BYTES_PER_VALUE * deepseek_v4.HIDDEN * rows
     if two_hop:
         return 2 * HOP_SECONDS + 2 * per_link / tp / LINK_BYTES_PER_S
     return HOP_SECONDS + per_link / LINK_BYTES_PER_S
@@ -150,7 +151,7 @@ def allreduce_seconds(rows: int, two_hop: bool, tp: int = 8) -> float:
 
 def two_hop_threshold(tp: int = 8) -> float:
     """Rows above which two hops win: L x B / (bytes a link saved a row)."""
-    saved = PAIR_BYTES_PER_VALUE * model.HIDDEN * (1 - 2 / tp)
+    saved = PAIR_BYTES_PER_VALUE * deepseek_v4.HIDDEN * (1 - 2 / tp)
     return HOP_SECONDS * LINK_BYTES_PER_S / saved
 
 
@@ -237,11 +238,11 @@ BYTE_REGIONS: tuple[sched.Region, ...] = (
     sched.Region("z_codes", lambda lay: lay.operand_rows * lay.o_width,
                  "[operand_rows, o_width] e4m3 of wo_a's bf16 output (wo_b's input)"),
     sched.Region("z_scales", lambda lay: lay.operand_rows * lay.o_width // MX_BLOCK, "[operand_rows, o_width / 32]"),
-    sched.Region("partial", lambda lay: 2 * lay.rows * model.HIDDEN,
+    sched.Region("partial", lambda lay: 2 * lay.rows * deepseek_v4.HIDDEN,
                  "[rows, 7168] bf16: the rank's partial (wo_b's tiles, as they are pushed)"),
-    sched.Region("ffn_codes", lambda lay: lay.operand_rows * model.HIDDEN,
+    sched.Region("ffn_codes", lambda lay: lay.operand_rows * deepseek_v4.HIDDEN,
                  "[operand_rows, 7168] e4m3 of the FFN seam's normed row (part two's MoE input)"),
-    sched.Region("ffn_scales", lambda lay: lay.operand_rows * model.HIDDEN // MX_BLOCK, "[operand_rows, 224] its E8M0 codes"),
+    sched.Region("ffn_scales", lambda lay: lay.operand_rows * deepseek_v4.HIDDEN // MX_BLOCK, "[operand_rows, 224] its E8M0 codes"),
 )
 
 
@@ -266,7 +267,7 @@ class K2Layout:
     # -- widths ------------------------------------------------------------------------
     @property
     def heads(self) -> int:
-        return model.HEADS // self.tp
+        return deepseek_v4.HEADS // self.tp
 
     @property
     def head_tiles(self) -> int:
@@ -274,7 +275,7 @@ class K2Layout:
 
     @property
     def groups(self) -> int:
-        return model.OUTPUT_GROUPS // self.tp
+        return deepseek_v4.OUTPUT_GROUPS // self.tp
 
     @property
     def o_width(self) -> int:
@@ -284,7 +285,7 @@ class K2Layout:
     @property
     def keys(self) -> int:
         """A row's key-table width: SWA window, then the top-k."""
-        return model.SWA_WINDOW + self.topk_width
+        return deepseek_v4.SWA_WINDOW + self.topk_width
 
     @cached_property
     def chunk(self) -> int:
@@ -308,7 +309,7 @@ class K2Layout:
     @property
     def owned_cols(self) -> int:
         """Two hops: the columns a rank sums (rank r owns [r x owned_cols, (r + 1) x owned_cols))."""
-        return model.HIDDEN // self.tp
+        return deepseek_v4.HIDDEN // self.tp
 
     # -- task tables (part one's schedule) ------------------------------------------------
     def tasks(self, stage: int) -> int:
@@ -616,8 +617,8 @@ class K2Layout:
     @property
     def half_bytes(self) -> int:
         if self.two_hop:
-            return _align(self.ag + PAIR_BYTES * self.rows * model.HIDDEN // 2)
-        return _align(self.part + PAIR_BYTES * self.tp * self.rows * model.HIDDEN // 2)
+            return _align(self.ag + PAIR_BYTES * self.rows * deepseek_v4.HIDDEN // 2)
+        return _align(self.part + PAIR_BYTES * self.tp * self.rows * deepseek_v4.HIDDEN // 2)
 
     @property
     def peer_bytes(self) -> int:
@@ -625,7 +626,7 @@ class K2Layout:
 
     def part_pair(self, src, row, col):
         """Byte offset in a half of PART's pair (src, row, columns col, col + 1)."""
-        return self.part + PAIR_BYTES * ((src * self.rows + row) * (model.HIDDEN // 2) + col // 2)
+        return self.part + PAIR_BYTES * ((src * self.rows + row) * (deepseek_v4.HIDDEN // 2) + col // 2)
 
     def rs_pair(self, src, row, col):
         """Byte offset in the owner's half of RS's pair (src, row, col, col + 1)."""
@@ -633,4 +634,4 @@ class K2Layout:
         return self.rs + PAIR_BYTES * ((src * self.rows + row) * (self.owned_cols // 2) + local // 2)
 
     def ag_pair(self, row, col):
-        return self.ag + PAIR_BYTES * (row * (model.HIDDEN // 2) + col // 2)
+        return self.ag + PAIR_BYTES * (row * (deepseek_v4.HIDDEN // 2) + col // 2)

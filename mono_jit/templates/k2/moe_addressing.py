@@ -1,5 +1,5 @@
 """K2's routed-expert index arithmetic: which bytes of AITER's A8W4 expert weights and scales a
-lane of the scaled MFMA reads. Like k1/addressing.py, plain + - * // % on ints, torch tensors or
+lane of the scaled MFMA reads. Like templates/addressing.py, plain + - * // % on ints, torch tensors or
 FlyDSL values: the kernel's address code is traced from these functions, and the CPU tests
 (tests/test_k2_moe_addressing.py) emulate an expert's GEMVs through them and the independent
 MFMA model (tests/support/mfma_model.py) and bound every offset.
@@ -14,8 +14,8 @@ bytes, the lower K in a byte's low nibble; words 4-7 unread), and passes the E8M
 K block, 4 s + l / 16 (Triton LinearLayoutConversions.cpp `chooseScaledMfmaScaleLayout`, AITER
 mixed_moe_gemm_2stage_common.py's fp4 operand loads, vLLM mx.py `fp4_tile_load`; the model's
 docstring has the details). The activations side is K1's fp8 lane map unchanged
-(k1.addressing.operand_pieces / operand_block / operand_token: K 16 (l / 16) .. and 64 + 16
-(l / 16) .., scale block 4 s + l / 16), and so is the result map (k1.addressing.result_lane:
+(addressing.operand_pieces / operand_block / operand_token: K 16 (l / 16) .. and 64 + 16
+(l / 16) .., scale block 4 s + l / 16), and so is the result map (addressing.result_lane:
 lane l element e is (weight row 4 (l / 16) + e of the tile, token l % 16)).
 
 Weights after vLLM's loading (model_executor/layers/fused_moe/oracle/mxfp4.py, the
@@ -46,7 +46,7 @@ column) of `shuffle_scale`'s non-interleaved order).
 
 from __future__ import annotations
 
-from ..k1.layout import MX_BLOCK, TILE_K, TILE_N
+from ..geometry import MX_BLOCK, TILE_K, TILE_N
 
 FP4_BYTES = TILE_K // 2  # bytes of one row's K step: 128 e2m1 values
 LANE_BYTES = FP4_BYTES // 4  # an fp4 operand lane's 16 bytes: 32 values

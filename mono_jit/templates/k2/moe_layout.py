@@ -49,14 +49,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ... import model
-from ..k1.layout import CTAS, SEAM_GROUP, TILE_N
+from ... import deepseek_v4
 from .. import schedule as sched
+from ..geometry import CTAS, SEAM_GROUP, TILE_N
 from .layout import BYTE_REGIONS, F32_REGIONS, I32_REGIONS, WOB_TILES, K2Layout
 from .layout import SCHEDULE as PART_ONE
 
-EXPERTS = model.ROUTED_EXPERTS  # 384
-TOPK = model.EXPERTS_PER_TOKEN  # 6
+EXPERTS = deepseek_v4.ROUTED_EXPERTS  # 384
+TOPK = deepseek_v4.EXPERTS_PER_TOKEN  # 6
 LOGIT_EXPERTS = 8  # S9: experts a task, one a wave
 SHARED_K_PARTS = 4  # S12: K quarters
 DOWN_TILES = 8  # S17: output tiles a task, one a wave
@@ -141,9 +141,9 @@ MOE_F32_REGIONS: tuple[sched.Region, ...] = (
     # 6 routing weights an unaligned start made every h column swiglu of the column 2 before it.
     sched.Region("sgu_raw", lambda lay: SHARED_K_PARTS * lay.rows * 2 * lay.inter,
                  "[4 K quarters, rows, 2 x inter] the shared gate / up's f32 parts", align=F32_VECTOR),
-    sched.Region("shared_raw", lambda lay: lay.rows * model.HIDDEN, "[rows, 7168] the shared expert's f32 output"),
+    sched.Region("shared_raw", lambda lay: lay.rows * deepseek_v4.HIDDEN, "[rows, 7168] the shared expert's f32 output"),
     sched.Region("gu", lambda lay: lay.picks * 2 * lay.inter, "[picks, 2 x inter] each pick's routed gate then up"),
-    sched.Region("routed_y", lambda lay: lay.picks * model.HIDDEN,
+    sched.Region("routed_y", lambda lay: lay.picks * deepseek_v4.HIDDEN,
                  "[picks, 7168] each pick's down output times its routing weight"),
 )
 
@@ -180,7 +180,7 @@ class K2MoeLayout(K2Layout):
     @property
     def inter(self) -> int:
         """A rank's share of each expert's intermediate (and of the shared expert's)."""
-        return model.MOE_INTERMEDIATE // self.tp
+        return deepseek_v4.MOE_INTERMEDIATE // self.tp
 
     @property
     def union_max(self) -> int:

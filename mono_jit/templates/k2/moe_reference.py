@@ -22,9 +22,10 @@ from typing import Sequence
 
 import torch
 
-from ... import model
+from ... import deepseek_v4
 from ..k1 import reference as k1
-from ..k1.layout import MX_BLOCK, STREAMS
+from ...deepseek_v4 import STREAMS
+from ..geometry import MX_BLOCK
 from ..router import reference as router
 from . import reference as part_one
 
@@ -114,7 +115,7 @@ def shared_expert(codes: torch.Tensor, scales: torch.Tensor, w: MoeWeights) -> t
     one all-reduce follows). vLLM quantises that path's inputs per 128 (group_fp8_quant); here
     they are MXFP8 per 32 like every input of K1 and K2 (as the in-tree mono's shared stage)."""
     s = w.sw2.shape[1]
-    gate_up = k1.fp8_gemv(codes, scales, w.sgu, w.sgu_s, model.HIDDEN, shuffled=True).to(torch.bfloat16)
+    gate_up = k1.fp8_gemv(codes, scales, w.sgu, w.sgu_s, deepseek_v4.HIDDEN, shuffled=True).to(torch.bfloat16)
     h = swiglu(gate_up[:, :s], gate_up[:, s:]).to(torch.bfloat16)
     h_codes, h_scales = k1.mxfp8_quantize(h)
     return k1.fp8_gemv(h_codes, h_scales, w.sw2, w.sw2_s, s).to(torch.bfloat16)
@@ -201,7 +202,7 @@ def routed_experts(codes: torch.Tensor, scales: torch.Tensor, ids: torch.Tensor,
     with each rank's intermediate share as FusedMoE shards it (w13 rows, w2 columns)."""
     x = k1.mxfp8_dequantize(codes, scales).double()
     inter = w.w2.shape[2] * 2
-    picks = torch.zeros(*ids.shape, model.HIDDEN, dtype=torch.float32)
+    picks = torch.zeros(*ids.shape, deepseek_v4.HIDDEN, dtype=torch.float32)
     for expert in expert_union(ids, w.w13.shape[0]):
         w13, w2 = expert_matrices(w, expert)
         rows, slots = torch.nonzero(ids == expert, as_tuple=True)
@@ -303,7 +304,8 @@ def k2_ranks(inputs: Sequence[part_one.K2Inputs], weights: Sequence[part_one.K2W
 def moe_shards(tp: int = 8) -> int:
     """The routed and the shared intermediate a rank holds: MOE_INTERMEDIATE / tp (FusedMoE's
     intermediate_size_per_partition; DeepseekV4MLP's MergedColumnParallelLinear share)."""
-    if model.MOE_INTERMEDIATE % tp or (model.MOE_INTERMEDIATE // tp) % (2 * K_LANE * K_PACK):
-        raise ValueError(f"TP {tp} does not split the intermediate {model.MOE_INTERMEDIATE} in 128-value fp4 tiles")
-    return model.MOE_INTERMEDIATE // tp
+    if deepseek_v4.MOE_INTERMEDIATE % tp or (deepseek_v4.MOE_INTERMEDIATE // tp) % (2 * K_LANE * K_PACK):
+        raise ValueError(f"TP {tp} does not split the intermediate {deepseek_v4.MOE_INTERMEDIATE} in 128-value "
+                         "fp4 tiles")
+    return deepseek_v4.MOE_INTERMEDIATE // tp
 

@@ -15,9 +15,10 @@ from typing import Sequence
 
 import torch
 
-from ... import model
+from ... import deepseek_v4
 from ..k1 import reference as k1
-from ..k1.layout import HEAD_DIM, KV_RECORD, MX_BLOCK, NOPE, WEIGHT_BLOCK
+from ...deepseek_v4 import HEAD_DIM, NOPE
+from ..geometry import KV_RECORD, MX_BLOCK, WEIGHT_BLOCK
 from ..keytable.reference import key_table
 from .layout import O_LORA
 LOG2E = math.log2(math.e)  # natural logits to base 2: the softmax runs on exp2
@@ -92,12 +93,12 @@ def keys(x: K2Inputs) -> Keys:
     """
     m = x.q.shape[0]
     live = x.slot_mapping[:m] >= 0
-    window = x.swa_indices.reshape(-1, model.SWA_WINDOW)[:m][live]  # vLLM's [T, 1, 128], T >= M
+    window = x.swa_indices.reshape(-1, deepseek_v4.SWA_WINDOW)[:m][live]  # vLLM's [T, 1, 128], T >= M
     lens_in = x.swa_lens[:m][live]
-    csa = x.ratio == model.CSA_RATIO
+    csa = x.ratio == deepseek_v4.CSA_RATIO
     slots_live, lens_live = key_table(window, lens_in, x.topk[:m][live], x.ratio,
                                       x.token_req[:m][live] if csa else None, x.block_table, x.entries_per_page)
-    in_window = torch.arange(model.SWA_WINDOW) < lens_in[:, None].long()
+    in_window = torch.arange(deepseek_v4.SWA_WINDOW) < lens_in[:, None].long()
     slots = torch.full((m, slots_live.shape[1]), -1, dtype=torch.int32)
     lens, swa = torch.zeros(m, dtype=torch.int32), torch.zeros(m, dtype=torch.int32)
     slots[live], lens[live] = slots_live, lens_live

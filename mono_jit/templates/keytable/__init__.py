@@ -17,7 +17,7 @@ given), top-k width and max tokens; not by TP.
 
 from __future__ import annotations
 
-from ... import model
+from ... import deepseek_v4
 from ...spec import Spec
 from ..base import COMMON_SOURCES, Argument, LaunchShape, Template
 
@@ -33,7 +33,7 @@ class KeyTableTemplate(Template):
         return LaunchShape(grid=(spec.max_tokens, 1, 1), block=(64, 1, 1))
 
     def arguments(self, spec: Spec) -> tuple[Argument, ...]:
-        w, s = spec.topk_width, model.SWA_WINDOW
+        w, s = spec.topk_width, deepseek_v4.SWA_WINDOW
         return (
             Argument("swa_indices", "tensor", "int32", f"[M, {s}] global SWA slots, -1 padded"),
             Argument("swa_lens", "tensor", "int32", "[M] SWA window lengths"),

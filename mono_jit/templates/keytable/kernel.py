@@ -13,12 +13,13 @@ import flydsl.expr as fx
 import torch
 from flydsl.expr import const_expr, range_constexpr
 
-from ... import model
+from ... import deepseek_v4
 from ...spec import Spec
-from .._dsl import WAVE, dsl, flat_view, inclusive_count, last_lane, load_scalar, store_scalar
+from ..geometry import WAVE
+from .._dsl import dsl, flat_view, inclusive_count, last_lane, load_scalar, store_scalar
 from ..base import Build
 
-SWA = model.SWA_WINDOW
+SWA = deepseek_v4.SWA_WINDOW
 
 
 @dsl
@@ -63,7 +64,7 @@ def key_table_row(SwaIdx, SwaLens, TokReq, TopK, BlockTable, out_view, row, out_
 
 def build(spec: Spec) -> Build:
     rows, width = spec.max_tokens, spec.topk_width
-    csa = spec.ratio == model.CSA_RATIO
+    csa = spec.ratio == deepseek_v4.CSA_RATIO
     row_width = width + SWA
 
     @flyc.kernel

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ... import model
+from ... import deepseek_v4
 
 
 def key_table(
@@ -24,14 +24,14 @@ def key_table(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(slots [M, W + 128] int32, lens [M] int32)."""
     rows, width = topk.shape
-    swa = swa_indices.reshape(rows, model.SWA_WINDOW)
-    out = torch.full((rows, width + model.SWA_WINDOW), -1, dtype=torch.int32)
+    swa = swa_indices.reshape(rows, deepseek_v4.SWA_WINDOW)
+    out = torch.full((rows, width + deepseek_v4.SWA_WINDOW), -1, dtype=torch.int32)
     lens = torch.zeros(rows, dtype=torch.int32)
     for r in range(rows):
         window = swa[r, : int(swa_lens[r])]
         keys = [window[window >= 0]]
         compressed = topk[r][topk[r] >= 0].long()
-        if ratio == model.CSA_RATIO:
+        if ratio == deepseek_v4.CSA_RATIO:
             if token_req is None or block_table is None or not entries_per_page:
                 raise ValueError("CSA needs token_req, block_table and entries_per_page")
             pages = block_table[int(token_req[r])].long()

@@ -14,7 +14,7 @@ max_tokens of the spec: TP, ratio and top-k width share one build.
 
 from __future__ import annotations
 
-from ... import model
+from ... import deepseek_v4
 from ...spec import Spec
 from ..base import COMMON_SOURCES, Argument, LaunchShape, Template
 
@@ -32,11 +32,11 @@ class RouterTemplate(Template):
         return LaunchShape(grid=(spec.max_tokens, 1, 1), block=(BLOCK, 1, 1))
 
     def arguments(self, spec: Spec) -> tuple[Argument, ...]:
-        k, h = model.EXPERTS_PER_TOKEN, model.HIDDEN
+        k, h = deepseek_v4.EXPERTS_PER_TOKEN, deepseek_v4.HIDDEN
         return (
             Argument("x", "tensor", "bfloat16", f"[M, {h}] FFN input"),
-            Argument("gate", "tensor", "bfloat16", f"[{model.ROUTED_EXPERTS}, {h}] router weight"),
-            Argument("bias", "tensor", "float32", f"[{model.ROUTED_EXPERTS}] score correction bias"),
+            Argument("gate", "tensor", "bfloat16", f"[{deepseek_v4.ROUTED_EXPERTS}, {h}] router weight"),
+            Argument("bias", "tensor", "float32", f"[{deepseek_v4.ROUTED_EXPERTS}] score correction bias"),
             Argument("hash_ids", "tensor", "int32", f"[M, {k}] expert ids on hash layers"),
             Argument("ids", "tensor", "int32", f"[M, {k}] out: chosen experts"),
             Argument("weights", "tensor", "float32", f"[M, {k}] out: routing weights"),

@@ -20,15 +20,16 @@ import torch
 from flydsl.expr import gpu, range_constexpr
 from flydsl.expr.typing import ReductionOp
 
-from ... import model
+from ... import deepseek_v4
 from ...spec import Spec
-from .._dsl import WAVE, better, flat_view, load, load_scalar, store_scalar, wave_argmax, wave_sum
+from ..geometry import WAVE
+from .._dsl import better, flat_view, load, load_scalar, store_scalar, wave_argmax, wave_sum
 from ..base import Build
 from . import BLOCK
 
-E = model.ROUTED_EXPERTS
-H = model.HIDDEN
-TOPK = model.EXPERTS_PER_TOKEN
+E = deepseek_v4.ROUTED_EXPERTS
+H = deepseek_v4.HIDDEN
+TOPK = deepseek_v4.EXPERTS_PER_TOKEN
 VEC = 8  # bf16 per 128-bit load
 WAVES = BLOCK // WAVE
 CHUNKS = H // (VEC * WAVE)  # 14 chunks of 8 per lane cover one row
@@ -119,7 +120,7 @@ def select_top6(logit_of, bias_view, hash_view, row, lane, use_hash):
     valid = active & (expert >= 0) & (expert < E)
     raw = _score(logit_of(valid.select(expert, 0)))
     raw = (valid & (raw == raw)).select(raw, 0.0)
-    weight = raw / fx.max(wave_sum(raw), 1.0e-20) * model.ROUTED_SCALING
+    weight = raw / fx.max(wave_sum(raw), 1.0e-20) * deepseek_v4.ROUTED_SCALING
     return expert, weight, active
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ... import model
+from ... import deepseek_v4
 
 
 def sqrt_softplus(logits: torch.Tensor) -> torch.Tensor:
@@ -27,7 +27,7 @@ def router_logits(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     return x.to(torch.bfloat16).float() @ gate.to(torch.bfloat16).float().T
 
 
-def select_experts(biased: torch.Tensor, k: int = model.EXPERTS_PER_TOKEN) -> torch.Tensor:
+def select_experts(biased: torch.Tensor, k: int = deepseek_v4.EXPERTS_PER_TOKEN) -> torch.Tensor:
     """Top-k indices per row: value descending, ties to the lower index, NaN as -inf."""
     values = torch.nan_to_num(biased, nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
     # A stable sort of (value desc) over indices already in ascending order breaks ties low-first.
@@ -54,4 +54,4 @@ def route(
     raw = torch.gather(scores, 1, ids.clamp(0, experts - 1).long())
     raw = torch.where(valid & ~raw.isnan(), raw, torch.zeros_like(raw))
     total = raw.sum(dim=-1, keepdim=True).clamp_min(1e-20)
-    return ids, raw / total * model.ROUTED_SCALING
+    return ids, raw / total * deepseek_v4.ROUTED_SCALING

@@ -11,7 +11,8 @@ import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl.expr import range_constexpr
 
-from mono_jit.templates._dsl import WAVE, flat_view, load_code, load_scalar, store, store_scalar
+from mono_jit.templates.geometry import WAVE
+from mono_jit.templates._dsl import flat_view, load_code, load_scalar, store, store_scalar
 from mono_jit.templates._numerics import bf16x8, e8m0_scale, fp8x4_to_f32, fp8x8, load8_f32
 
 from .catalogue import MicroKernel, tensors

@@ -12,8 +12,9 @@ from flydsl._mlir import ir
 from flydsl._mlir.dialects import llvm
 from flydsl.expr import range_constexpr
 
-from mono_jit.templates._dsl import (WAVE, flat_view, inclusive_count, last_lane, load, load_scalar, store,
-                                     store_scalar, wave_argmax, wave_sum)
+from mono_jit.templates.geometry import WAVE
+from mono_jit.templates._dsl import (flat_view, inclusive_count, last_lane, load, load_scalar, store, store_scalar,
+                                     wave_argmax, wave_sum)
 
 from .catalogue import MicroKernel, tensors
 

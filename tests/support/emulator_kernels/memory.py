@@ -1,6 +1,6 @@
 """FlyDSL micro-kernels of the memory model: buffer loads and stores past a resource's
 num_records, global atomics from many lanes and workgroups, one workgroup waiting on a flag
-another publishes (templates/_sync.py's publish / wait), and a kernel that reads past its
+another publishes (templates/sync_device.py's publish / wait), and a kernel that reads past its
 tensor through a plain global pointer (a stride bug the emulator must catch).
 
 (No `from __future__ import annotations`: @flyc.kernel and @flyc.jit read real annotations.)
@@ -9,9 +9,10 @@ tensor through a plain global pointer (a stride bug the emulator must catch).
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 
-from mono_jit.templates._dsl import WAVE, flat_view, load, load_global, load_scalar, store, store_scalar
-from mono_jit.templates._sync import publish, step_tag, wait
-from mono_jit.templates.sync_area import FIRST_FLAG
+from mono_jit.templates.geometry import WAVE
+from mono_jit.templates._dsl import flat_view, load, load_global, load_scalar, store, store_scalar
+from mono_jit.templates.sync_device import publish, step_tag, wait
+from mono_jit.templates.sync_words import FIRST_FLAG
 
 from .catalogue import MicroKernel, tensors
 

@@ -10,7 +10,8 @@ lane order instead of the hardware's lane = 16 group + row): a wrong layout the 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 
-from mono_jit.templates._dsl import WAVE, flat_view, load, load_scalar, store
+from mono_jit.templates.geometry import WAVE
+from mono_jit.templates._dsl import flat_view, load, load_scalar, store
 from mono_jit.templates._gemv import FP4, FP8, mfma, operand
 
 from .catalogue import MicroKernel, tensors

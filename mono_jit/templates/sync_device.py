@@ -1,4 +1,5 @@
-"""Hand-offs between the CTAs of one persistent launch (FlyDSL; kernel modules only).
+"""Hand-offs between the CTAs of one persistent launch, as device code (FlyDSL; kernel modules
+only). The words' positions are sync_words.py's (pure Python, for layouts, the runner and tests).
 
 A sync area is an int32 buffer: word 0 the epoch, word 1 the exit counter, word 2 the arrival
 counter, then one flag per producer task. A launch reads the epoch once and tags every flag it
@@ -30,7 +31,7 @@ from flydsl._mlir.dialects import llvm
 from flydsl.expr import gpu
 
 from ._dsl import dsl
-from .sync_area import ARRIVE_WORD, EPOCH_WORD, EXIT_WORD
+from .sync_words import ARRIVE_WORD, EPOCH_WORD, EXIT_WORD
 _AGENT = "agent"
 
 
