@@ -150,7 +150,7 @@ def test_k2_key_reads_tp_ratio_width_and_max_tokens():
 
 
 def test_k2_grid_and_the_deployment_stay_under_40_kernels():
-    from mono_jit.runtime.kernels import layer_grid
+    from mono_jit.runtime.grid import layer_grid
 
     grid = layer_grid(8, 8192)
     assert len([g for g in grid if g.template == "k2"]) == 2 * len(STANDARD_MAX_TOKENS)
