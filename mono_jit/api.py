@@ -22,15 +22,15 @@ from mono_jit.cache.stats import count_in
 
 from . import deepseek_v4
 from .config import Settings
-from .health import Checks, cannot_compile_here
+from .doctor import Checks, cannot_compile_here
 from .errors import MonoJitError, ToolchainError
-from .diagnosis import Explanation
-from .inventory import Listing
+from .explain import Explanation
+from .list import Listing
 from .progress import Progress, Silent
 from .resolution import Resolved, resolve, resolve_many
 from .spec import RATIOS, STANDARD_MAX_TOKENS, Spec, deployment_grid
 from .templates import Template, all_templates, get
-from .verification import VerifyReport
+from .verify import VerifyReport
 
 if TYPE_CHECKING:  # these load when used
     from mono_jit.cache.bundle import Exported
@@ -148,7 +148,7 @@ def verify(*, rebuild: bool = False, jobs: int | None = None, timeout: float = 6
            settings: Settings | None = None, progress: Progress | None = None) -> VerifyReport:
     """Check every copy of every entry in every layer; with `rebuild`, recompile each good one
     and require identical bytes (needs FlyDSL: ToolchainError on a lean host)."""
-    from .verification import verify as run
+    from .verify import verify as run
 
     settings = _settings(settings)
     if rebuild and cannot_compile_here() is not None:
@@ -162,7 +162,7 @@ def explain(template: str | Template, spec: Spec, *, settings: Settings | None =
     same build by another toolchain when it has none), and if not, why: the corrupt copy in its
     place, or the kind of miss and the key factors that differ from the nearest entry. Without a
     toolchain here (a lean host), keys are computed with the toolchains in the layers. Writes nothing."""
-    from .diagnosis import explain as run
+    from .explain import explain as run
     from .toolchain import resolve_toolchain
 
     settings = _settings(settings)
@@ -188,14 +188,14 @@ def fill_advice(template: str, spec: Spec) -> str:
 def list_entries(templates: Iterable[str] | None = None, *, settings: Settings | None = None) -> Listing:
     """The served entries (read-only layers first), of the named templates only when given,
     each "ok" or "stale", and each layer's size."""
-    from .inventory import listing
+    from .list import listing
 
     return listing(Store(_settings(settings)), tuple(templates) if templates is not None else None)
 
 
 def find_entry(prefix: str, *, settings: Settings | None = None) -> Entry:
     """The one served entry whose key starts with `prefix` (KeyPrefixError otherwise)."""
-    from .inventory import find
+    from .list import find
 
     return find(Store(_settings(settings)), prefix)
 
@@ -255,7 +255,7 @@ def import_bundle(bundle: Path, *, sha256: str | None = None, settings: Settings
 
 def doctor(*, deep: bool = False, settings: Settings | None = None) -> Checks:
     """Toolchain, cache and template health checks (mono_jit.doctor)."""
-    from .health import doctor as run
+    from .doctor import doctor as run
 
     return run(_settings(settings), deep)
 
@@ -281,7 +281,7 @@ def stats(*, zero: bool = False, settings: Settings | None = None) -> StatsRepor
     increments) and the size of every layer; with `zero`, reset the counters first."""
     from mono_jit.cache import stats as counters
 
-    from .inventory import listing
+    from .list import listing
 
     settings = _settings(settings)
     store = Store(settings, read_only=bool(settings.offline))

@@ -23,9 +23,9 @@ from .templates import Template, names
 
 def default_templates(settings: Settings) -> list[str]:
     """What a prebuild without named templates builds: the decode layer's templates that are
-    registered (mono_jit.runtime.kernels.LAYER_TEMPLATES), then those MONO_JIT_PREBUILD_TEMPLATES
+    registered (mono_jit.runtime.grid.LAYER_TEMPLATES), then those MONO_JIT_PREBUILD_TEMPLATES
     names (plug-ins and stand-alone templates are built only when named or configured)."""
-    from .runtime.kernels import LAYER_TEMPLATES
+    from .runtime.grid import LAYER_TEMPLATES
 
     registered = set(names())
     chosen = [name for name in LAYER_TEMPLATES if name in registered]

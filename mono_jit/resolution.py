@@ -8,7 +8,7 @@ lean image has none to fingerprint), the same build by another toolchain the lay
 verified as any entry, with one log line naming that toolchain; ``MONO_JIT_EXACT_TOOLCHAIN=1``
 serves only this host's toolchain's entries.
 ``MONO_JIT_OFFLINE=1`` makes a miss an error naming the exact prebuild command that fills its
-key; a miss that cannot compile says which kind it is (diagnosis.py: not in any layer, built by
+key; a miss that cannot compile says which kind it is (explain.py: not in any layer, built by
 another toolchain, unreadable). With ``MONO_JIT_REMOTE`` set, a miss asks that registry first,
 under the key's lock (even offline; see mono_jit/cache/oci/tier.py). A writable store counts
 hits, misses and compiles in memory, written once at process exit (cache/stats.py, `mono-jit
@@ -209,7 +209,7 @@ class _Session:
         if served is not None:
             return served
         self.counts.misses += 1
-        from .diagnosis import classify  # only a miss needs it
+        from .explain import classify  # only a miss needs it
 
         jobs = [self.plan(template, spec, fingerprint) for fingerprint in self.store.other_toolchains(spec.arch, None)]
         raise ToolchainError(
@@ -262,7 +262,7 @@ def _announce(fingerprint: dict, own: dict | None, job: BuildJob, entry: Entry) 
 def _offline_miss(store: Store, tried: list[BuildJob]) -> OfflineMiss:
     """A miss offline mode forbids compiling (`tried`: this host's job, then the same build under
     each other toolchain looked up): which kind of miss, and the command that fills it."""
-    from .diagnosis import classify  # only a miss needs it
+    from .explain import classify  # only a miss needs it
 
     job = tried[0]
     return OfflineMiss(

@@ -24,7 +24,7 @@ from mono_jit.spec import Spec
 
 REPO = Path(__file__).resolve().parent.parent
 INTERNALS = ("mono_jit.build", "mono_jit.compiler", "mono_jit.workers", "mono_jit.toolchain", "mono_jit.prebuild",
-             "mono_jit.verification", "mono_jit.diagnosis", "mono_jit.inventory", "mono_jit.cache.bundle",
+             "mono_jit.verify", "mono_jit.explain", "mono_jit.list", "mono_jit.cache.bundle",
              "mono_jit.cache.gc", "mono_jit.cache.layer", "mono_jit.cache.key", "mono_jit.cache.stats")
 
 

@@ -14,7 +14,7 @@ from mono_jit.cache import Store
 from mono_jit.cli import main
 from mono_jit.config import Settings
 from mono_jit.errors import ToolchainError
-from mono_jit.health import LEAN_HOST
+from mono_jit.doctor import LEAN_HOST
 from mono_jit.resolution import resolve
 from mono_jit.spec import Spec
 from mono_jit.toolchain import find_linker

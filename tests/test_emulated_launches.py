@@ -116,7 +116,7 @@ def test_k1_code_object_nan_in_the_seam_makes_that_rows_codes_nan(k1_cache):
     run = _k1(k1_cache, 4, row_pad=0)
     step = run.set_step(3, seed=9, do_fold=1)
     step.residual[1, 2, 100] = float("nan")
-    run.inputs[1][: step.residual.numel()].copy_(step.residual.flatten())
+    run.inputs["residual"][: step.residual.numel()].copy_(step.residual.flatten())
     want = ref.k1(step.x, step.residual, step.post_mix, step.res_mix, True, run.w, step.positions)
     run.launch(step)
     s = scratch(run)

@@ -5,6 +5,7 @@ tests/test_gpu_runtime.py launches through the runner's ctypes HIP backend."""
 import pytest
 import torch
 from k1_harness import K1Run, check_stage, prepare_stage
+from mono_jit.selfcheck.cases import positional
 from mono_jit.selfcheck.k1_world import random_weights
 
 from mono_jit.spec import Spec
@@ -34,9 +35,11 @@ def test_router_matches_reference(rows, bucket, use_hash):
     hash_ids = torch.randint(0, 384, (bucket, 6), generator=g, dtype=torch.int32)
     ids = torch.full((bucket, 6), -7, dtype=torch.int32, device="cuda")
     weights = torch.zeros(bucket, 6, device="cuda")
-    build = get("router").build(Spec(8, 4, 1024, bucket))
-    build.launcher(x.cuda().flatten(), gate.cuda().flatten(), bias.cuda(), hash_ids.cuda().flatten(),
-                   ids.view(-1), weights.view(-1), rows, use_hash)
+    spec = Spec(8, 4, 1024, bucket)
+    get("router").build(spec).launcher(*positional("router", spec, {
+        "x": x.cuda().flatten(), "gate": gate.cuda().flatten(), "bias": bias.cuda(),
+        "hash_ids": hash_ids.cuda().flatten(), "ids": ids.view(-1), "weights": weights.view(-1), "m": rows,
+        "use_hash": use_hash}))
     torch.cuda.synchronize()
     ref_ids, ref_w = route(x[:rows], gate, bias, hash_ids[:rows] if use_hash else None)
     # Logit sums run in another order than torch's: ids may swap only on near-ties.
@@ -59,9 +62,11 @@ def test_keytable_matches_reference(ratio, width):
     table = torch.randint(0, 1000, (2, 3), generator=g, dtype=torch.int32)
     slots = torch.full((bucket, width + 128), -7, dtype=torch.int32, device="cuda")
     out_lens = torch.full((bucket,), -7, dtype=torch.int32, device="cuda")
-    build = get("keytable").build(Spec(8, ratio, width, bucket))
-    build.launcher(swa.cuda().flatten(), lens.cuda(), req.cuda(), topk.cuda().flatten(), table.cuda().flatten(),
-                   slots.view(-1), out_lens, rows, table.shape[1], per_page)
+    spec = Spec(8, ratio, width, bucket)
+    get("keytable").build(spec).launcher(*positional("keytable", spec, {
+        "swa_indices": swa.cuda().flatten(), "swa_lens": lens.cuda(), "token_req": req.cuda(),
+        "topk": topk.cuda().flatten(), "block_table": table.cuda().flatten(), "slots": slots.view(-1),
+        "lens": out_lens, "m": rows, "block_table_stride": table.shape[1], "entries_per_page": per_page}))
     torch.cuda.synchronize()
     ref_slots, ref_lens = key_table(swa[:rows], lens[:rows], topk[:rows], ratio, req[:rows], table, per_page)
     assert torch.equal(out_lens[:rows].cpu(), ref_lens)

@@ -30,10 +30,8 @@ BUCKET = 4  # the world's 3 rows (one of them graph padding) and one pad row pas
 def _launcher(ratio: int, width: int, stages: frozenset[int] | None = None, bucket: int = BUCKET):
     from mono_jit.templates.k2.kernel import ALL_STAGES, build
 
-    spec = Spec(8, ratio, width, bucket)
-    names = [a.name for a in get("k2").arguments(spec)]
-    launcher = build(spec, stages or ALL_STAGES).launcher
-    return lambda run: launcher(*run.ordered(names))
+    launcher = build(Spec(8, ratio, width, bucket), stages or ALL_STAGES).launcher
+    return lambda run: launcher(*run.ordered())
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ from k2_inputs import TP, full_weights, shard, world
 from test_gpu import _on_gfx950
 
 from mono_jit.spec import Spec
-from mono_jit.templates import get
 from mono_jit.templates.k1 import reference as k1
 from mono_jit.templates.k2 import reference as ref
 from mono_jit.templates.k2 import moe_reference as moe
@@ -49,8 +48,7 @@ def _run(setting, stages: set[int]) -> K2Run:
     spec = Spec(8, 4, 1024, BUCKET)
     from mono_jit.templates.k2.kernel import build
 
-    run.launch_stages = lambda: build(spec, frozenset(stages)).launcher(
-        *run.ordered([a.name for a in get("k2").arguments(spec)]))
+    run.launch_stages = lambda: build(spec, frozenset(stages)).launcher(*run.ordered())
     return run
 
 

@@ -18,6 +18,7 @@ from mono_jit.hsaco import read_metadata
 from mono_jit.isa import disassemble, find_objdump, instruction_counts
 from mono_jit.prebuild import prebuild
 from mono_jit.resources import LDS_PER_CU
+from mono_jit.runtime.kernargs import DeclaredMeta, DeclaredTable, layout
 from mono_jit.spec import STANDARD_MAX_TOKENS, Spec
 from mono_jit.templates import get
 from mono_jit.templates.k1.layout import PIN_LDS_BYTES, STATIC_LDS_BYTES, K1Layout
@@ -44,10 +45,9 @@ def test_k1_bucket_fits_the_persistent_grid(k1_builds, rows):
     assert residency["ctas_per_cu"] == 1 and residency["waves_per_simd"] == 2  # one CTA on each CU
     assert kernel.lds == STATIC_LDS_BYTES and residency["lds_bytes"] > LDS_PER_CU // 2
     assert kernel.vgpr + kernel.agpr <= 256  # two waves per SIMD
-    # The kernarg block is exactly the contract: 27 tensors (pointer + i32 length) and 8 i32.
-    assert len(kernel.args) == 27 * 2 + 8
-    assert [a.name for a in meta.arguments][-8:] == [
-        "m", "do_fold", "qkv_stride", "qkv_shuffled", "qb_stride", "qb_shuffled", "page_stride", "block_size"]
+    # The kernarg block is exactly the contract, arguments(): each tensor its pointer and i32 length, each i32 one.
+    assert [a.name for a in meta.arguments] == [a.name for a in get("k1").arguments(Spec.from_dict(meta.build_spec))]
+    layout(DeclaredMeta("k1", meta.arguments, (DeclaredTable(kernel.args),), meta.launch))
 
 
 @pytest.mark.parametrize("rows", BUCKETS)

@@ -20,6 +20,7 @@ from mono_jit.config import Settings
 from mono_jit.hsaco import read_metadata
 from mono_jit.isa import disassemble, find_objdump, instruction_counts
 from mono_jit.resources import LDS_PER_CU
+from mono_jit.runtime.kernargs import DeclaredMeta, DeclaredTable, layout
 from mono_jit.spec import STANDARD_MAX_TOKENS, Spec
 from mono_jit.templates import get
 from mono_jit.templates.k2.layout import PIN_LDS_BYTES, STATIC_LDS_BYTES, K2Layout
@@ -53,11 +54,9 @@ def test_k2_build_fits_the_persistent_grid_without_spills(k2_builds, build):
     assert residency["ctas_per_cu"] == 1 and residency["waves_per_simd"] == 2
     assert kernel.lds == STATIC_LDS_BYTES and residency["lds_bytes"] > LDS_PER_CU // 2
     assert kernel.vgpr + kernel.agpr < UPSTREAM_VGPRS
-    # The kernarg block is the contract: 16 tensors (pointer + i32 length) and 10 i32.
-    assert len(kernel.args) == 16 * 2 + 10
-    assert [a.name for a in meta.arguments][-10:] == [
-        "m", "rank", "swa_page_stride", "swa_block", "comp_page_stride", "comp_block", "bt_stride", "per_page",
-        "use_hash", "peer_wait_us"]
+    # The kernarg block is the contract, arguments(): each tensor its pointer and i32 length, each i32 one.
+    assert [a.name for a in meta.arguments] == [a.name for a in get("k2").arguments(Spec.from_dict(meta.build_spec))]
+    layout(DeclaredMeta("k2", meta.arguments, (DeclaredTable(kernel.args),), meta.launch))
 
 
 def peer_poll_rounds(listing: str) -> list[list[str]]:
@@ -150,7 +149,7 @@ def test_k2_key_reads_tp_ratio_width_and_max_tokens():
 
 
 def test_k2_grid_and_the_deployment_stay_under_40_kernels():
-    from mono_jit.runtime.kernels import layer_grid
+    from mono_jit.runtime.grid import layer_grid
 
     grid = layer_grid(8, 8192)
     assert len([g for g in grid if g.template == "k2"]) == 2 * len(STANDARD_MAX_TOKENS)

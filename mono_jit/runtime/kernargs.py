@@ -142,14 +142,28 @@ def _tensor_fields(name: str, dtype: str, value: Any, unbounded: bool) -> tuple[
     return value.data_ptr(), extent
 
 
+def check_names(template: str, names: Sequence[str], values: Mapping[str, Any]) -> None:
+    """Raise a KernargError naming each declared argument `values` lacks and each name it holds
+    that `names` (the template's arguments, in order) does not declare."""
+    missing = [name for name in names if name not in values]
+    unknown = [name for name in values if name not in names]
+    if missing or unknown:
+        raise KernargError(f"{template}: missing arguments {missing}, unknown arguments {unknown}")
+
+
+def in_order(template: str, names: Sequence[str], values: Mapping[str, Any]) -> tuple:
+    """`values` (argument name -> value) as the positional tuple a launcher takes (FlyDSL's, or
+    one that stands in for it), in the order `names` gives: the template's arguments() states the
+    order once, and every caller that launches positionally derives it from there."""
+    check_names(template, names, values)
+    return tuple(values[name] for name in names)
+
+
 def pack(meta: LaunchMeta, values: Mapping[str, Any], kernel: int = 0) -> bytes:
     """The kernarg bytes for `values` (argument name -> tensor or int) per the entry's metadata."""
     slots, size = layout(meta, kernel)
     declared = {a.name: a for a in meta.arguments}
-    missing = [name for name in declared if name not in values]
-    unknown = [name for name in values if name not in declared]
-    if missing or unknown:
-        raise KernargError(f"{meta.template}: missing arguments {missing}, unknown arguments {unknown}")
+    check_names(meta.template, list(declared), values)
     fields: dict[str, tuple[int, int]] = {}
     for name, argument in declared.items():
         value = values[name]

@@ -50,8 +50,8 @@ from ..templates.k2.layout import STATE_TABLE, WEIGHT_TABLE
 from ..templates.k2.moe_layout import TOPK
 from .agree import agree
 from .backends import Backend, Kernel, backend as make_backend
+from .grid import LAYER_TEMPLATES, GridEntry, layer_grid, load_grid
 from .host_memory import HostSharedMemory, host_tensor
-from .kernels import LAYER_TEMPLATES, GridEntry, layer_grid, load_grid
 from .peer import DeviceBuffer, exchange
 from .tables import Entry, addresses, state_entries, weight_entries
 from .weights import MonoLayerWeights

@@ -5,11 +5,13 @@ to, or raises Mismatch (or AssertionError from torch's comparison) naming what d
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 
+from ..runtime.kernargs import in_order
 from ..spec import Spec
+from ..templates import get
 from ..templates.keytable.reference import key_table
 from ..templates.router.reference import route
 from .k1_world import K1Run, Mismatch, random_weights
@@ -29,6 +31,11 @@ class Measure:
     what: str
 
 
+def positional(template: str, spec: Spec, values: Mapping[str, Any]) -> tuple:
+    """`values` by argument name as a launcher's positional arguments, in the template's order."""
+    return in_order(template, [a.name for a in get(template).arguments(spec)], values)
+
+
 def router_case(spec: Spec, launch: Launcher, seed: int) -> Measure:
     """m = bucket - 1 rows (hash routing on odd buckets): ids and weights against `route`."""
     bucket = spec.max_tokens
@@ -40,7 +47,9 @@ def router_case(spec: Spec, launch: Launcher, seed: int) -> Measure:
     hash_ids = torch.randint(0, 384, (bucket, 6), generator=g, dtype=torch.int32)
     ids = torch.full((bucket, 6), -7, dtype=torch.int32)
     weights = torch.zeros(bucket, 6)
-    launch(x.flatten(), gate.flatten(), bias, hash_ids.flatten(), ids.view(-1), weights.view(-1), rows, use_hash)
+    launch(*positional("router", spec, {"x": x.flatten(), "gate": gate.flatten(), "bias": bias,
+                                        "hash_ids": hash_ids.flatten(), "ids": ids.view(-1),
+                                        "weights": weights.view(-1), "m": rows, "use_hash": use_hash}))
     ref_ids, ref_w = route(x[:rows], gate, bias, hash_ids[:rows] if use_hash else None)
     if not (ids[rows:] == -7).all():
         raise Mismatch("rows past m were written")
@@ -68,8 +77,10 @@ def keytable_case(spec: Spec, launch: Launcher, seed: int) -> Measure:
     table = torch.randint(0, 1000, (2, 3), generator=g, dtype=torch.int32)
     slots = torch.full((bucket, width + 128), -7, dtype=torch.int32)
     out_lens = torch.full((bucket,), -7, dtype=torch.int32)
-    launch(swa.flatten(), lens, req, topk.flatten(), table.flatten(), slots.view(-1), out_lens, rows, table.shape[1],
-           per_page)
+    launch(*positional("keytable", spec, {
+        "swa_indices": swa.flatten(), "swa_lens": lens, "token_req": req, "topk": topk.flatten(),
+        "block_table": table.flatten(), "slots": slots.view(-1), "lens": out_lens, "m": rows,
+        "block_table_stride": table.shape[1], "entries_per_page": per_page}))
     ref_slots, ref_lens = key_table(swa[:rows], lens[:rows], topk[:rows], spec.ratio, req[:rows], table, per_page)
     wrong = int((slots[:rows] != ref_slots).sum()) + int((out_lens[:rows] != ref_lens).sum())
     if wrong:

@@ -1,6 +1,7 @@
 """K1's world for checks of its code object: seeded weights and activations in vLLM's layouts
-(fp8 weights as bytes, E8M0 block scales), one bucket's device buffers, a launch in the
-template's argument order and the comparison of everything K1 writes with `reference.k1`.
+(fp8 weights as bytes, E8M0 block scales), one bucket's device buffers, a launch with them by
+argument name (put in the order K1Template.arguments declares) and the comparison of everything
+K1 writes with `reference.k1`.
 
 `mono-jit selftest --emulate` and the test suite (on the emulator, and on a gfx950 where there
 is one) share it, so the check a user runs is the one CI runs."""
@@ -9,12 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
 from ..deepseek_v4 import HIDDEN as H, Q_LORA
 from ..errors import MonoJitError
+from ..runtime.kernargs import in_order
+from ..spec import Spec
+from ..templates import get
 from ..templates.geometry import KV_DATA, KV_RECORD, KV_SCALES
 from ..templates.k1 import reference as ref
 from ..templates.k1.layout import K1Layout
@@ -28,7 +32,6 @@ BLOCK, PAGES = 64, 4
 # 37440: the page's records rounded up to whole 576-byte data rows, as vLLM allocates
 PAGE_STRIDE = -(-BLOCK * KV_RECORD // KV_DATA) * KV_DATA
 SENTINEL = -3.0
-
 
 
 def rope_table(positions: int, g: torch.Generator) -> torch.Tensor:
@@ -80,18 +83,21 @@ class Step:
 
 
 class K1Run:
-    """Device buffers of one K1 bucket (TP8) and the launcher that runs a step on them."""
+    """Device buffers of one K1 bucket (TP8) and the launcher that runs a step on them (its
+    arguments positional, as FlyDSL's launcher takes them)."""
 
     def __init__(self, bucket: int, w: ref.K1Weights, *, row_pad: int, shuffled: bool, device: str,
                  launcher: Callable):
         if shuffled:  # what vLLM's ROCm attention may do to fused_wqa_wkv (prepare_attn_preshuffle)
             w = dataclasses.replace(w, w_qkv=ref.preshuffle_16x16(w.w_qkv[:, :H].contiguous()), qkv_shuffled=True)
         self.lay, self.bucket, self.w, self.launcher = K1Layout(8, bucket), bucket, w, launcher
-        qkv_stride = H if shuffled else H + row_pad
-        self.layouts = (qkv_stride, int(w.qkv_shuffled), 1536 + row_pad, int(w.qb_shuffled))
-        self.weights = [t.to(device).flatten() for t in (
-            w.hc_fn, w.hc_base, w.hc_scale, w.attn_norm, w.w_qkv, w.s_qkv, w.q_norm, w.kv_norm, w.w_qb, w.s_qb,
-            w.rope)]
+        self.names = tuple(a.name for a in get("k1").arguments(Spec(8, 4, 1024, bucket)))
+        self.scalars = {"qkv_stride": H if shuffled else H + row_pad, "qkv_shuffled": int(w.qkv_shuffled),
+                        "qb_stride": 1536 + row_pad, "qb_shuffled": int(w.qb_shuffled), "page_stride": PAGE_STRIDE,
+                        "block_size": BLOCK}
+        # K1Weights' tensors are named as K1's arguments
+        self.weights = {f.name: value.to(device).flatten() for f in dataclasses.fields(w)
+                        if isinstance(value := getattr(w, f.name), torch.Tensor)}
 
         def zeros(n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
             return torch.zeros(n, dtype=dtype, device=device)
@@ -100,7 +106,8 @@ class K1Run:
             return torch.full((n,), SENTINEL, dtype=dtype, device=device)
 
         rows, bf16 = bucket, torch.bfloat16
-        self.inputs = [zeros(rows * H, bf16), zeros(rows * 4 * H, bf16), zeros(rows * 4), zeros(rows * 16)]
+        self.inputs = {"x": zeros(rows * H, bf16), "residual": zeros(rows * 4 * H, bf16), "post_mix": zeros(rows * 4),
+                       "res_mix": zeros(rows * 16)}
         self.positions = zeros(rows, torch.int64)
         self.slots = torch.full((rows,), -1, dtype=torch.int64, device=device)
         self.cache = torch.randint(0, 256, (PAGES * PAGE_STRIDE,), dtype=torch.uint8,
@@ -109,7 +116,7 @@ class K1Run:
                         "x_norm": sentinel(rows * H, bf16), "qr": sentinel(rows * 1536, bf16),
                         "q": sentinel(rows * self.lay.q_width, bf16)}
         self.sync = zeros(self.lay.sync_words, torch.int32)
-        self.work = [zeros(self.lay.f32_words), zeros(self.lay.bytes, torch.uint8)]
+        self.work = {"work_f32": zeros(self.lay.f32_words), "work_u8": zeros(self.lay.bytes, torch.uint8)}
 
     def set_step(self, m: int, seed: int, do_fold: int) -> Step:
         """Random inputs for m rows, copied into the device buffers; even rows insert KV. The
@@ -117,26 +124,32 @@ class K1Run:
         x, residual, post_mix, res_mix = random_activations(m, seed)
         positions = torch.randint(0, self.w.rope.shape[0], (m,), generator=torch.Generator().manual_seed(seed))
         slots = torch.tensor([(5 + 7 * i) % (PAGES * BLOCK) if i % 2 == 0 else -1 for i in range(m)])
-        for buffer, value in zip(self.inputs + [self.positions, self.slots],
-                                 (x, residual, post_mix, res_mix, positions, slots)):
+        given = {"x": x, "residual": residual, "post_mix": post_mix, "res_mix": res_mix}
+        pairs = [(self.inputs[name], value) for name, value in given.items()]
+        for buffer, value in pairs + [(self.positions, positions), (self.slots, slots)]:
             buffer[: value.numel()].copy_(value.flatten())
         for out in self.outputs.values():
             out.fill_(SENTINEL)
         return Step(m, do_fold, x, residual, post_mix, res_mix, positions, slots)
 
-    def arguments(self, step: Step) -> tuple:
-        """The launcher's arguments in the order of K1Template.arguments. On layer 0 (do_fold 0)
-        x, post_mix and res_mix are unread (vLLM passes x in all three there): they go in empty,
-        so a read of them is a null-pointer fault on the device and an error on the CPU."""
-        x, residual, post_mix, res_mix = self.inputs
+    def arguments(self, step: Step) -> dict[str, Any]:
+        """K1Template.arguments' names -> this step's values. On layer 0 (do_fold 0) x, post_mix
+        and res_mix are unread (vLLM passes x in all three there): they go in empty, so a read of
+        them is a null-pointer fault on the device and an error on the CPU."""
+        inputs = dict(self.inputs)
         if not step.do_fold:
-            x = post_mix = res_mix = residual.new_empty(0, dtype=torch.float32)
-        return (x, residual, post_mix, res_mix, *self.weights, self.positions, self.slots, self.cache,
-                *self.outputs.values(), self.sync, *self.work, step.m, step.do_fold, *self.layouts, PAGE_STRIDE,
-                BLOCK)
+            unread = self.inputs["residual"].new_empty(0, dtype=torch.float32)
+            inputs.update(x=unread, post_mix=unread, res_mix=unread)
+        out = self.outputs
+        return {**inputs, **self.weights, "positions": self.positions, "slot_mapping": self.slots,
+                "kv_cache": self.cache, "r_out": out["r"], "post_out": out["post"], "comb_out": out["comb"],
+                "x_norm": out["x_norm"], "qr_out": out["qr"], "q_out": out["q"], "sync": self.sync, **self.work,
+                "m": step.m, "do_fold": step.do_fold, **self.scalars}
 
     def launch(self, step: Step) -> None:
-        self.launcher(*self.arguments(step))
+        """The step's arguments, by name, in the template's order (a name it does not declare, or
+        one it declares and the step lacks, is a KernargError naming it)."""
+        self.launcher(*in_order("k1", self.names, self.arguments(step)))
 
     def check(self, step: Step, cache_before: torch.Tensor, cache_at: int = 0) -> dict[str, tuple[float, float]]:
         """Every output against reference.k1, rows past m untouched, the cache written only at
@@ -205,7 +218,7 @@ class K1Run:
 
 def scratch(run: K1Run) -> dict[str, torch.Tensor]:
     """Views of the scratch regions one stage hands the next (K1Layout's offsets)."""
-    f32, u8, lay, rows = run.work[0], run.work[1], run.lay, run.bucket
+    f32, u8, lay, rows = run.work["work_f32"], run.work["work_u8"], run.lay, run.bucket
     return {
         "partials": f32[lay.partials: lay.qkv_raw].view(rows, 56, 25),
         "qkv_raw": f32[lay.qkv_raw: lay.q_raw].view(2, rows, 2048),

@@ -1,5 +1,5 @@
 """K2's buffers for one rank and one bucket, a step of K2's world (k2_world.py), the launch
-arguments in the template's order, and the comparison with the reference. `mono-jit selftest`,
+arguments by name (and in the template's order for a positional launcher), and the comparison with the reference. `mono-jit selftest`,
 the emulated and the gfx950 tests launch through it; the CPU tests check its tables, its
 argument order and that its comparison accepts the reference and rejects a perturbed output."""
 
@@ -11,6 +11,9 @@ import torch
 
 from ..config import PEER_WAIT_DEFAULT
 from ..deepseek_v4 import HIDDEN as H
+from ..runtime.kernargs import in_order
+from ..spec import Spec
+from ..templates import get
 from ..templates.geometry import PEERS
 from ..templates.k1 import reference as k1
 from ..templates.k2 import moe_reference as moe_ref
@@ -115,9 +118,12 @@ class K2Run:
         tensors += [(name, t, True) for name, t in {**self.state_tensors, **self.step}.items()]
         return tensors + [(name, v, True) for name, v in self.arguments().items() if isinstance(v, torch.Tensor)]
 
-    def ordered(self, names: list[str]) -> tuple:
-        values = self.arguments()
-        return tuple(values[n] for n in names)
+    def ordered(self) -> tuple:
+        """The arguments positional, as FlyDSL's launcher takes them: by name, in the order
+        K2Template.arguments declares (a name either side lacks is a KernargError naming it)."""
+        lay = self.lay
+        names = [a.name for a in get("k2").arguments(Spec(lay.tp, lay.ratio, lay.topk_width, lay.rows))]
+        return in_order("k2", names, self.arguments())
 
     # -- what the kernel wrote ------------------------------------------------------------------
     def outputs(self) -> dict[str, torch.Tensor]:

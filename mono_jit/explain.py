@@ -1,5 +1,5 @@
-"""Why a spec hits or misses: the entry it hits, the corrupt copy in its place, or the kind of
-miss and the key factors that differ from the nearest entry.
+"""`mono-jit explain`: why a spec hits or misses: the entry it hits, the corrupt copy in its
+place, or the kind of miss and the key factors that differ from the nearest entry.
 
 A hit is served by this host's toolchain's entry or, when it has none, by the same build of
 another toolchain the layers hold (as the resolver serves it). A miss is one of: ``unreadable``

@@ -1,6 +1,6 @@
-"""Check every copy of every entry as a load would (size, sha256, ELF header, key), and with
-rebuild, recompile each good one on the compile pool of a miss (miss.py) and require
-byte-identical code (determinism); nothing rebuilt is published.
+"""`mono-jit verify`: check every copy of every entry as a load would (size, sha256, ELF
+header, key), and with rebuild, recompile each good one on the compile pool of a miss (miss.py)
+and require byte-identical code (determinism); nothing rebuilt is published.
 
 Bad copies in the writable layer are reported, not moved: a load quarantines them."""
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from mono_jit.cache import Entry, Store
 
 from .config import Settings
-from .inventory import label
+from .list import label
 from .progress import Progress
 
 

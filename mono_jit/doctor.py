@@ -1,5 +1,6 @@
-"""Health checks of this host: the toolchain (FlyDSL, ld.lld, device bitcode), the cache layers
-and their entries, the registered templates; each check ok with its detail or failed with why.
+"""`mono-jit doctor`: health checks of this host: the toolchain (FlyDSL, ld.lld, device
+bitcode), the cache layers and their entries, the registered templates; each check ok with its
+detail or failed with why.
 
 Works on a lean serving host (no FlyDSL): the toolchain check then says it serves hits only."""
 

@@ -1,4 +1,5 @@
-"""The kernels one rank's runner needs, resolved and loaded in one go before any capture.
+"""The deployment grid: the kernels one rank's runner needs, resolved and loaded in one go
+before any capture.
 
 A layer runs K1 (by max-tokens bucket) and K2 (by compress ratio, key-table width and bucket);
 the grid is every such build of the deployment. `load_grid` resolves each from the cache (a hit
