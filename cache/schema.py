@@ -10,29 +10,34 @@ typed record every reader uses.
 
 from __future__ import annotations
 
-import re
-from typing import Any, Callable, Iterable, NamedTuple, Union
+from typing import Any, Callable, Iterable, Union
 
 
-class Leaf(NamedTuple):
+class Leaf:
     """A scalar: `what` it must be, and the test."""
 
-    what: str
-    test: Callable[[Any], bool]
+    __slots__ = ("what", "test")
+
+    def __init__(self, what: str, test: Callable[[Any], bool]) -> None:
+        self.what, self.test = what, test
 
 
-class ListOf(NamedTuple):
+class ListOf:
     """A list of `item`s: exactly `length` of them when given, else at least `least`."""
 
-    item: "Shape"
-    length: int | None = None
-    least: int = 0
+    __slots__ = ("item", "length", "least")
+
+    def __init__(self, item: "Shape", length: int | None = None, least: int = 0) -> None:
+        self.item, self.length, self.least = item, length, least
 
 
-class MapOf(NamedTuple):
+class MapOf:
     """An object with string keys, every value an `item`."""
 
-    item: "Shape"
+    __slots__ = ("item",)
+
+    def __init__(self, item: "Shape") -> None:
+        self.item = item
 
 
 Shape = Union[Leaf, ListOf, MapOf, dict]  # a dict: these fields, each of its shape
@@ -41,8 +46,8 @@ UINT = Leaf("a non-negative integer", lambda v: type(v) is int and v >= 0)
 STR = Leaf("a string", lambda v: type(v) is str)
 BOOL = Leaf("a boolean", lambda v: type(v) is bool)
 NUMBER = Leaf("a number", lambda v: type(v) in (int, float))
-_HEX64 = re.compile("[0-9a-f]{64}").fullmatch  # json already imported re: no cost on the hit path
-HEX64 = Leaf("64 lowercase hex digits", lambda v: type(v) is str and _HEX64(v) is not None)
+_HEX_DIGITS = frozenset("0123456789abcdef")
+HEX64 = Leaf("64 lowercase hex digits", lambda v: type(v) is str and len(v) == 64 and _HEX_DIGITS.issuperset(v))
 SCALAR = Leaf("a string or an integer", lambda v: type(v) in (str, int))
 KIND = Leaf('"tensor", "i32" or "i64"', lambda v: v in ("tensor", "i32", "i64"))
 DIM3 = ListOf(UINT, length=3)

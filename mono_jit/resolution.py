@@ -22,9 +22,10 @@ A hit imports neither torch, FlyDSL, MLIR nor the compile side (compiler, worker
 miss.py), nor the code object records (hsaco.py: a load checks the ELF header only), and not
 glob, hashlib, logging, shutil or uuid either (tests/test_warm_load.py, bench/warm_load.py).
 Every record a hit defines (Spec, the entry's metadata, the store's Entry, the template's
-declarations, the toolchain, Resolved) is a NamedTuple, or a plain class where it is mutable:
-Python 3.11 generates and compiles a dataclass's methods when the class is defined, about six
-times a NamedTuple's cost, and with 27 of them that was most of a fresh process's first hit.
+declarations, the toolchain, Resolved) is a NamedTuple, or a plain class (Counters, mutable;
+the schema's shapes, internal): Python 3.11 generates and compiles a dataclass's methods when
+the class is defined, about five times a NamedTuple's cost and twenty times a plain class's,
+and with 27 of them that was most of a fresh process's first hit.
 """
 
 from __future__ import annotations

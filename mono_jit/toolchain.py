@@ -179,9 +179,12 @@ def _lld_candidates(settings: Settings) -> Iterator[Path]:
     on_path = _which("ld.lld")
     if on_path:
         yield on_path
-    versioned = _expand("/usr/lib/llvm-*/bin/ld.lld")
-    versioned.sort(key=lambda p: int(re.search(r"llvm-(\d+)", p).group(1)), reverse=True)  # type: ignore[union-attr]
-    yield from (Path(p) for p in versioned)
+    by_major: dict[str, int] = {}  # /usr/lib/llvm-22/bin/ld.lld -> 22; llvm-<not a number> is no version
+    for path in _expand("/usr/lib/llvm-*/bin/ld.lld"):
+        major = path.split("/")[3].removeprefix("llvm-")
+        if major.isdigit():
+            by_major[path] = int(major)
+    yield from (Path(p) for p in sorted(by_major, key=by_major.__getitem__, reverse=True))
 
 
 def find_linker(settings: Settings, memo: ProbeMemo | None = None) -> Linker:

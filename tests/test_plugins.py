@@ -90,6 +90,19 @@ def test_declarations_come_from_entry_points_txt_and_the_first_distribution_wins
     assert (found.name, found.distribution, found.target()) == ("vadd", "acme-kernels", ("first", "A"))
 
 
+def test_unreadable_or_undecodable_metadata_declares_nothing_and_breaks_nothing(tmp_path, monkeypatch):
+    """A distribution's entry_points.txt that is a folder, or holds bytes that are not UTF-8, is
+    read as far as it can be; the other distributions' declarations stand."""
+    broken = tmp_path / "broken_dist-1.0.dist-info" / "entry_points.txt"
+    broken.mkdir(parents=True)
+    latin = tmp_path / "latin_dist-1.0.dist-info"
+    latin.mkdir()
+    (latin / "entry_points.txt").write_bytes(b"[mono_jit.templates]\n# caf\xe9\nvadd = latin:V\n")
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])
+    (found,) = discovery.declarations()
+    assert (found.name, found.distribution, found.value) == ("vadd", "latin-dist", "latin:V")
+
+
 def test_the_built_ins_are_declared_by_mono_jits_entry_points():
     ours = {d.name: d for d in discovery.declarations() if d.distribution == "mono-jit"}
     assert {"k1", "k2", "router", "keytable"} <= set(ours)
