@@ -34,7 +34,7 @@ def reversed_order(arguments):
 
 def renamed(old: str, new: str):
     def change(arguments):
-        return [replace(a, name=new) if a.name == old else a for a in arguments]
+        return [a._replace(name=new) if a.name == old else a for a in arguments]
     return change
 
 
