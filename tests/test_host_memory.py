@@ -61,3 +61,13 @@ def test_a_symlink_in_place_of_a_buffer_is_not_followed(tmp_path):
 def test_reading_no_memory_is_refused():
     with pytest.raises(ValueError, match="address 0x0"):
         host_tensor(0, torch.float32, (4,))
+
+
+def test_an_exchange_whose_collective_fails_leaves_no_file(tmp_path):
+    """peer.exchange allocates before the collective; when the collective raises (here: no
+    process group for 8 ranks) the buffer and its file go with the error, as on a refused rank."""
+    from mono_jit.runtime.peer import exchange
+
+    with pytest.raises(ValueError, match="no process group"):
+        exchange(HostSharedMemory(tmp_path), 4096, None, 0, 8)
+    assert files(tmp_path) == []

@@ -77,22 +77,31 @@ def exchange(memory: Any, nbytes: int, group: Any, rank: int, tp: int) -> tuple[
         handle = memory.ipc_handle(local)
     except Exception as exc:  # any failure here must still reach the collective below
         why = f"peer memory: {exc}"
-    handles = _gather(group, handle, tp)
     addresses: list[int] = []
-    if not why and None not in handles:  # a rank without a buffer says why itself
-        try:
-            for peer, peer_handle in enumerate(handles):
-                addresses.append(local if peer == rank else memory.ipc_open(peer_handle))
-        except Exception as exc:
-            why = f"opening peer memory: {exc}"
-    failed = agree(group, not why, why)
+    try:
+        handles = _gather(group, handle, tp)
+        if not why and None not in handles:  # a rank without a buffer says why itself
+            try:
+                for peer, peer_handle in enumerate(handles):
+                    addresses.append(local if peer == rank else memory.ipc_open(peer_handle))
+            except Exception as exc:
+                why = f"opening peer memory: {exc}"
+        failed = agree(group, not why, why)
+    except BaseException:  # the collective itself failed (a wrong group, a dead peer): nothing kept
+        _release(memory, addresses, rank, local)
+        raise
     if failed is None:
         if hasattr(memory, "settled"):
             memory.settled(local)
         return PeerMemory(DeviceBuffer(local, size, "uint8"), addresses), None
+    _release(memory, addresses, rank, local)
+    return None, failed
+
+
+def _release(memory: Any, addresses: list[int], rank: int, local: Any) -> None:
+    """Close the peers' mappings and free this rank's buffer (host shared memory: its file too)."""
     for peer, address in enumerate(addresses):
         if peer != rank:
             memory.ipc_close(address)
     if local is not None:
         memory.free(local)
-    return None, failed
