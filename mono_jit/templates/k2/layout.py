@@ -247,8 +247,9 @@ BYTE_REGIONS: tuple[sched.Region, ...] = (
 
 
 @dataclass(frozen=True)
-class K2Layout:
-    """Every width, task count and offset of one K2 part-one build."""
+class K2Layout(sched.ScheduledLayout):
+    """Every width, task count and offset of one K2 part-one build (the accessors over the
+    schedule and the scratch tables: sched.ScheduledLayout)."""
 
     tp: int
     ratio: int
@@ -259,6 +260,7 @@ class K2Layout:
     f32_regions: ClassVar[tuple[sched.Region, ...]] = F32_REGIONS
     i32_regions: ClassVar[tuple[sched.Region, ...]] = I32_REGIONS
     byte_regions: ClassVar[tuple[sched.Region, ...]] = BYTE_REGIONS
+    byte_align: ClassVar[int] = ROW_ALIGN
 
     @classmethod
     def of(cls, spec: Spec) -> "K2Layout":
@@ -312,9 +314,6 @@ class K2Layout:
         return deepseek_v4.HIDDEN // self.tp
 
     # -- task tables (part one's schedule) ------------------------------------------------
-    def tasks(self, stage: int) -> int:
-        return sched.stage(self.schedule, stage).tasks(self)
-
     @property
     def s1_tasks(self) -> int:
         return self.tasks(1)
@@ -375,15 +374,7 @@ class K2Layout:
     def seam_owner(self, chunk: int) -> int:
         return chunk * SEAM_CHUNK // self.owned_cols
 
-    # -- sync words (int32): epoch, exit and arrival counters, then a flag per producer task --
-    @cached_property
-    def _flag_bases(self) -> dict[int, int]:
-        return sched.flag_bases(self.schedule, self)
-
-    def flag_base(self, stage: int) -> int:
-        """The sync word of stage `stage`'s first task flag."""
-        return self._flag_bases[stage]
-
+    # -- sync words: a flag base per publishing stage --------------------------------------
     @property
     def f_keys(self) -> int:
         return self.flag_base(1)
@@ -412,24 +403,6 @@ class K2Layout:
     @property
     def f_norm(self) -> int:
         return self.flag_base(8)
-
-    @property
-    def sync_words(self) -> int:
-        return self._flag_bases[0]
-
-    def awaits(self, stage: int, task, m):
-        """(first flag, count) a task of stage `stage` waits for first in a launch of m rows."""
-        return sched.awaited_flags(self, sched.stage(self.schedule, stage), task, m)
-
-    def waits(self, stage: int, task, m, data: sched.Lookup = sched.NO_DATA) -> list[tuple]:
-        """(first flag, count[, stride]) of each wait of a task of `stage`, in order; `data`
-        answers the words a wait that depends on the launch's data reads."""
-        return [sched.awaited(self, w, task, m, data) for w in sched.stage(self.schedule, stage).waits]
-
-    def row_of(self, stage: int, task):
-        """The row whose place past m skips a task of `stage` (its wait and its work)."""
-        row_of = sched.stage(self.schedule, stage).row_of
-        return None if row_of is None else row_of(self, task)
 
     # -- peer hand-offs: units of pairs a task writes, in the half of the launch's parity -----
     # A unit is what one task pushes to one rank: PART / RS unit src x 448 + tile (a wo_b tile's
@@ -470,25 +443,7 @@ class K2Layout:
         """The half a launch that read `epoch` pushes to and reads: its low bit."""
         return epoch & 1
 
-    # -- the program ------------------------------------------------------------------
-    def _tasks(self, cta: int, count: int) -> range:
-        return range(cta, count, CTAS)
-
-    def program(self, cta: int, m: int, rank: int) -> list[tuple]:
-        """CTA `cta`'s hand-offs on `rank` in one launch of m rows, in the kernel's order (both
-        from the schedule): ("wait", first, count), ("run", stage, task), ("publish", flag, 1),
-        ("push", peer, region, unit) and ("await_peers", region, first unit, count) in its own
-        buffer's half."""
-        return sched.program(self.schedule, self, cta, CTAS, m, rank)
-
     # -- f32 scratch (words; F32_REGIONS) -------------------------------------------------
-    @cached_property
-    def _f32_offsets(self) -> dict[str, int]:
-        return sched.region_offsets(self.f32_regions, self)
-
-    def _f32(self, name: str) -> int:
-        return self._f32_offsets[name]
-
     @property
     def attn_ml(self) -> int:
         return self._f32("attn_ml")
@@ -534,13 +489,6 @@ class K2Layout:
         return (self.u8_at + self.bytes) // 4
 
     # -- i32 scratch (words; I32_REGIONS): the key table --------------------------------------
-    @cached_property
-    def _i32_offsets(self) -> dict[str, int]:
-        return sched.region_offsets(self.i32_regions, self)
-
-    def _i32(self, name: str) -> int:
-        return self._i32_offsets[name]
-
     @property
     def key_slots(self) -> int:
         return self._i32("key_slots")
@@ -558,13 +506,6 @@ class K2Layout:
     def operand_rows(self) -> int:
         """Token rows a GEMV's B operand reads: whole 16-token tiles (K1Layout.operand_rows)."""
         return math.ceil(self.rows / TILE_N) * TILE_N
-
-    @cached_property
-    def _byte_offsets(self) -> dict[str, int]:
-        return sched.region_offsets(self.byte_regions, self, ROW_ALIGN)
-
-    def _byte(self, name: str) -> int:
-        return self._byte_offsets[name]
 
     @property
     def xo_codes(self) -> int:
