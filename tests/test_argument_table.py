@@ -5,8 +5,6 @@ nothing else, and a name the declaration and a mapping do not share is refused, 
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 from hook_inputs import Dims, hook_step, layer_weights
@@ -34,7 +32,7 @@ def reversed_order(arguments):
 
 def renamed(old: str, new: str):
     def change(arguments):
-        return [replace(a, name=new) if a.name == old else a for a in arguments]
+        return [a._replace(name=new) if a.name == old else a for a in arguments]
     return change
 
 

@@ -121,18 +121,28 @@ TICKS_PER_US = 100
 # whether each is AITER-preshuffled (1) or row-major (0; a preshuffled weight's stride is its
 # K). A value read in the stage that uses it holds no SGPRs across the persistent kernel; as
 # arguments they would (the AMDGPU backend loads every kernel argument in the entry block), and
-# with every weight an argument K2 spilled SGPRs.
+# with every weight an argument K2 spilled SGPRs. Part one's: wo_a [groups x 1024, woa_stride]
+# e4m3 (row-major with vLLM's padded rows, or preshuffled with stride 4096) and its E8M0 codes
+# [groups x 8, 32], wo_b [7168, wob_stride] e4m3 (preshuffled: stride groups x 1024) and its codes
+# [56, groups x 8], attn_sink [heads] f32, the rope table [P, 64] f32, hc_ffn_fn [24, 4 x 7168],
+# hc_ffn_base [24] and hc_ffn_scale [3] f32, ffn_norm [7168] bf16.
 WEIGHT_TABLE = ("w_oa", "s_oa", "w_ob", "s_ob", "attn_sink", "rope", "hc_fn", "hc_base", "hc_scale", "ffn_norm",
                 "woa_stride", "woa_shuffled", "wob_stride", "wob_shuffled",
                 # part two (the MoE): the router's gate [384, 7168] bf16 and bias [384] f32 (0 on a
-                # hash layer: never dereferenced), the experts' A8W4 w13 / w2 and their shuffled
-                # E8M0 scales, the shared expert's gate_up [2 x inter, 7168] and down [7168, inter]
+                # hash layer: never dereferenced), the experts' w13 [384, 2 x inter, 3584] and w2
+                # [384, 7168, inter / 2] fp4x2 in AITER's A8W4 layout and their shuffled E8M0
+                # scales, the shared expert's gate_up [2 x inter, 7168] and down [7168, inter]
                 # e4m3 with 128 x 128 E8M0 codes, their row strides and layouts
                 "gate", "bias", "w13", "w13_s", "w2", "w2_s", "sgu", "sgu_s", "sw2", "sw2_s",
                 "sgu_stride", "sgu_shuffled", "sw2_stride", "sw2_shuffled")
 # The runner's buffers K2 reads and writes reach it the same way, one table a runner (they are
 # allocated once, at the widest bucket, and never move): K1's q_out, r_out, post_out and
-# comb_out (K2's inputs), then K2's outputs.
+# comb_out (K2's inputs: q [rows, heads, 512] bf16, residual [rows, 4, 7168] bf16, post_in [rows, 4]
+# and comb_in [rows, 4, 4] f32), then K2's outputs: r_out [rows, 4, 7168] bf16 (R after the
+# attention's fold; may be K1's r_out), post_out [rows, 4] and comb_out [rows, 4, 4] f32 (the FFN
+# seam's mixes), pre_out [rows, 4] f32 (the FFN seam's pre, vLLM's pre_out), x_norm [rows, 7168]
+# bf16 (ffn_norm of the collapse; its MXFP8 stays in `work`), out [rows, 7168] bf16 (the reduced
+# MoE output); each at least `rows` rows.
 STATE_TABLE = ("q", "residual", "post_in", "comb_in", "r_out", "post_out", "comb_out", "pre_out", "x_norm", "out")
 
 # The all-reduce's model (module docstring): link bandwidth a direction, latency a hop.
