@@ -44,7 +44,6 @@ import torch
 from flydsl.expr import const_expr, gpu, range_constexpr
 
 from ... import deepseek_v4
-from ...runtime.kernargs import in_order
 from ...spec import Spec
 from .._dsl import butterfly, dsl, flat_view, load_global, load_scalar, store, wave_sum
 from .._gemv import Fp8Weight, Mxfp8Rows, gemv_reduce, gemv_steps
@@ -52,7 +51,7 @@ from .._numerics import VEC, bf16_round, bf16x8, e8m0, e8m0_inverse, amax8, fp8x
     mx_store, rope8, rsqrt
 from .._seam import fold_row, mix_weights, seam_row
 from ..sync_device import arrive, leave, publish, step_tag, wait
-from ..base import Build
+from ..base import Build, in_order
 from ..schedule import Stage
 from .. import addressing
 from . import K1Template, addressing as k1_addressing

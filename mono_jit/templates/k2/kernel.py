@@ -38,7 +38,6 @@ from flydsl.expr import const_expr, gpu, range_constexpr
 
 from ... import deepseek_v4
 from ...deepseek_v4 import HEAD_DIM, MIXES, NOPE, STREAMS
-from ...runtime.kernargs import in_order
 from ...spec import Spec
 from ..addressing import kv_offsets, mx_code_offset, mx_scale_offset, split_steps
 from .. import schedule as stage_table
@@ -48,7 +47,7 @@ from .._dsl import (butterfly, dsl, flat_view, fresh, fresh_pointer, fresh_scala
 from .._gemv import Fp8Weight, Mxfp8Rows, gemv_reduce, gemv_steps
 from .._numerics import LOG2E, VEC, bf16_pair_f32, bf16_round, e8m0_scale, fp8x4_to_f32, load8_f32, mx_store, rope8
 from .._seam import fold_row, mix_weights, seam_row
-from ..base import Build
+from ..base import Build, in_order
 from ..geometry import (CTAS, KV_RECORD, LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS, PAIR_BYTES, PARTIALS,
                         PEERS, SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, THREADS, TILE_N, WAVE, WAVES)
 from ..keytable.kernel import key_table_row
