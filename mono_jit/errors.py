@@ -55,3 +55,7 @@ class RemoteError(MonoJitError):
 
 class RemoteUnavailable(RemoteError):
     """The registry could not be reached or did not answer in time (not worth asking again)."""
+
+
+class KernargError(MonoJitError, ValueError):
+    """Arguments that do not fit a kernel's declared arguments or its code object's table."""

@@ -5,15 +5,14 @@ nothing else, and a name the declaration and a mapping do not share is refused, 
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 from hook_inputs import Dims, hook_step, layer_weights
 from k2_inputs import full_weights, shard, world
 
 from mono_jit.runtime.backends import ReferenceBackend
-from mono_jit.runtime.kernargs import KernargError, in_order
+from mono_jit.errors import KernargError
+from mono_jit.templates.base import in_order
 from mono_jit.runtime.runner import MonoRunner
 from mono_jit.selfcheck.k1_world import K1Run, random_weights
 from mono_jit.selfcheck.k2_run import K2Run

@@ -26,18 +26,15 @@ from typing import Any, Mapping, Protocol, Sequence
 
 from mono_jit.cache.meta import LaunchDims, StoredArgument
 
-from ..errors import MonoJitError
+from ..errors import KernargError
 from ..kernel_info import KernelArg
+from ..templates.base import check_names
 
 POINTER = ("global_buffer", 8)
 EXTENT = ("by_value", 4)
 I64 = ("by_value", 8)
 I32_MAX = 2**31 - 1
 SCALAR_RANGES = {"i32": (-2**31, I32_MAX), "i64": (-2**63, 2**63 - 1)}
-
-
-class KernargError(MonoJitError, ValueError):
-    """Arguments that do not fit a kernel's declared arguments or its code object's table."""
 
 
 class ArgTable(Protocol):
@@ -140,23 +137,6 @@ def _tensor_fields(name: str, dtype: str, value: Any, unbounded: bool) -> tuple[
     if extent > I32_MAX:
         raise KernargError(f"argument {name!r}: {extent} elements do not fit the i32 extent")
     return value.data_ptr(), extent
-
-
-def check_names(template: str, names: Sequence[str], values: Mapping[str, Any]) -> None:
-    """Raise a KernargError naming each declared argument `values` lacks and each name it holds
-    that `names` (the template's arguments, in order) does not declare."""
-    missing = [name for name in names if name not in values]
-    unknown = [name for name in values if name not in names]
-    if missing or unknown:
-        raise KernargError(f"{template}: missing arguments {missing}, unknown arguments {unknown}")
-
-
-def in_order(template: str, names: Sequence[str], values: Mapping[str, Any]) -> tuple:
-    """`values` (argument name -> value) as the positional tuple a launcher takes (FlyDSL's, or
-    one that stands in for it), in the order `names` gives: the template's arguments() states the
-    order once, and every caller that launches positionally derives it from there."""
-    check_names(template, names, values)
-    return tuple(values[name] for name in names)
 
 
 def pack(meta: LaunchMeta, values: Mapping[str, Any], kernel: int = 0) -> bytes:

@@ -9,7 +9,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from ..runtime.kernargs import in_order
+from ..templates.base import in_order
 from ..spec import Spec
 from ..templates import get
 from ..templates.keytable.reference import key_table

@@ -16,7 +16,7 @@ import torch
 
 from ..deepseek_v4 import HIDDEN as H, Q_LORA
 from ..errors import MonoJitError
-from ..runtime.kernargs import in_order
+from ..templates.base import in_order
 from ..spec import Spec
 from ..templates import get
 from ..templates.geometry import KV_DATA, KV_RECORD, KV_SCALES

@@ -11,7 +11,7 @@ import torch
 
 from ..config import PEER_WAIT_DEFAULT
 from ..deepseek_v4 import HIDDEN as H
-from ..runtime.kernargs import in_order
+from ..templates.base import in_order
 from ..spec import Spec
 from ..templates import get
 from ..templates.geometry import PEERS

@@ -16,10 +16,11 @@ import sys
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, Mapping, NamedTuple, Sequence
 
 from mono_jit.cache.digest import sha256
 
+from ..errors import KernargError
 from ..resources import Budget
 from ..spec import Spec
 
@@ -94,6 +95,23 @@ class Build(NamedTuple):
 
     launcher: Any
     placeholders: tuple
+
+
+def check_names(template: str, names: Sequence[str], values: Mapping[str, Any]) -> None:
+    """Raise a KernargError naming each declared argument `values` lacks and each name it holds
+    that `names` (the template's arguments, in order) does not declare."""
+    missing = [name for name in names if name not in values]
+    unknown = [name for name in values if name not in names]
+    if missing or unknown:
+        raise KernargError(f"{template}: missing arguments {missing}, unknown arguments {unknown}")
+
+
+def in_order(template: str, names: Sequence[str], values: Mapping[str, Any]) -> tuple:
+    """`values` (argument name -> value) as the positional tuple a launcher takes (FlyDSL's, or
+    one that stands in for it), in the order `names` gives: the template's arguments() states the
+    order once, and every caller that launches positionally derives it from there."""
+    check_names(template, names, values)
+    return tuple(values[name] for name in names)
 
 
 class Template(ABC):

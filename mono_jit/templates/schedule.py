@@ -9,7 +9,8 @@ stages wait on the tasks of the experts the step chose): such a wait reads those
 From that one table come the sync area's flag offsets (`flag_bases`), the scratch offsets
 (`region_offsets`), every CTA's sequence of hand-offs (`program`, which the protocol tests run
 on a model of the grid) and, in the kernel module, the stage loops themselves, so what the
-tests check is what the GPU runs.
+tests check is what the GPU runs. `ScheduledLayout` is the layouts' one set of accessors over
+these (tasks, flag bases, waits, program, scratch offsets).
 
 A stage-subset build (a standalone launch of some stages, for testing a stage alone) keeps a
 stage's wait only when the producer is in the subset (`Wait.on`). `hand_off_errors` checks
@@ -20,8 +21,10 @@ the table's scratch regions against its waits: a stage reads only what a stage i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from functools import cached_property
+from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence
 
+from .geometry import CTAS
 from .sync_words import FIRST_FLAG
 
 Layout = Any  # the template's layout object; the table's functions take it as their first argument
@@ -224,3 +227,75 @@ def program(schedule: tuple[Stage, ...], lay: Layout, cta: int, ctas: int, m: in
             if s.publishes:
                 steps.append(("publish", lay.flag_base(s.number) + task, 1))
     return steps
+
+
+class ScheduledLayout:
+    """The accessors every layout derives from its schedule table and its scratch region tables
+    (one implementation for K1's and K2's layouts, which inherit it as a mixin of their frozen
+    dataclasses). Flag bases and region offsets are computed once per instance: the protocol
+    tests and the kernel's trace ask for them per task."""
+
+    schedule: tuple[Stage, ...]
+    # the scratch regions, each table packed in order; the byte table's ends rounded to byte_align
+    f32_regions: ClassVar[tuple[Region, ...]] = ()
+    i32_regions: ClassVar[tuple[Region, ...]] = ()
+    byte_regions: ClassVar[tuple[Region, ...]] = ()
+    byte_align: ClassVar[int] = 1
+
+    def tasks(self, number: int) -> int:
+        return stage(self.schedule, number).tasks(self)
+
+    # -- sync words (int32): epoch, exit and arrival counters, then a flag per producer task --
+    @cached_property
+    def _flag_bases(self) -> dict[int, int]:
+        return flag_bases(self.schedule, self)
+
+    def flag_base(self, number: int) -> int:
+        """The sync word of stage `number`'s first task flag."""
+        return self._flag_bases[number]
+
+    @property
+    def sync_words(self) -> int:
+        return self._flag_bases[0]
+
+    def awaits(self, number: int, task, m):
+        """(first flag, count) a task of stage `number` waits for first in a launch of m rows."""
+        return awaited_flags(self, stage(self.schedule, number), task, m)
+
+    def waits(self, number: int, task, m, data: Lookup = NO_DATA) -> list[tuple]:
+        """(first flag, count[, stride]) of each wait of a task of stage `number`, in order; `data`
+        answers the words a wait that depends on the launch's data reads."""
+        return [awaited(self, w, task, m, data) for w in stage(self.schedule, number).waits]
+
+    def row_of(self, number: int, task):
+        """The row whose place past m skips a task of stage `number` (its wait and its work), or
+        None when none is skipped."""
+        row_of = stage(self.schedule, number).row_of
+        return None if row_of is None else row_of(self, task)
+
+    def program(self, cta: int, m: int, rank: int = 0) -> list[tuple]:
+        """CTA `cta`'s hand-offs on `rank` in one launch of m rows, in the order the kernel's
+        stage loops run them (both from self.schedule; `program` above lists the steps)."""
+        return program(self.schedule, self, cta, CTAS, m, rank)
+
+    # -- scratch offsets (words of the f32 and i32 regions, bytes of the byte regions) --------
+    @cached_property
+    def _f32_offsets(self) -> dict[str, int]:
+        return region_offsets(self.f32_regions, self)
+
+    @cached_property
+    def _i32_offsets(self) -> dict[str, int]:
+        return region_offsets(self.i32_regions, self)
+
+    @cached_property
+    def _byte_offsets(self) -> dict[str, int]:
+        return region_offsets(self.byte_regions, self, self.byte_align)
+
+    def _f32(self, name: str) -> int:
+        return self._f32_offsets[name]
+
+    def _i32(self, name: str) -> int:
+        return self._i32_offsets[name]
+
+    def _byte(self, name: str) -> int:
+        return self._byte_offsets[name]

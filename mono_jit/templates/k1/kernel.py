@@ -51,10 +51,10 @@ from .._numerics import VEC, bf16_round, bf16x8, e8m0, e8m0_inverse, amax8, fp8x
     mx_store, rope8, rsqrt
 from .._seam import fold_row, mix_weights, seam_row
 from ..sync_device import arrive, leave, publish, step_tag, wait
-from ..base import Build
+from ..base import Build, in_order
 from ..schedule import Stage
 from .. import addressing
-from . import addressing as k1_addressing
+from . import K1Template, addressing as k1_addressing
 from ...deepseek_v4 import EPS, HEAD_DIM, KV_LORA, MIXES, NOPE, Q_LORA, ROPE, STREAMS
 from ..geometry import (CTAS, KV_RECORD, KV_SCALE_BLOCK, KV_SCALES, LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS,
                         PARTIALS, SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, THREADS, TILE_N, WAVE, WAVES, WEIGHT_BLOCK)
@@ -335,11 +335,12 @@ def build(spec: Spec, stages: frozenset[int] = ALL_STAGES, schedule: tuple[Stage
                block_size).launch(
             grid=(CTAS, 1, 1), block=(THREADS, 1, 1), smem=PIN_LDS_BYTES, stream=stream)
 
-    return Build(launch_k1, placeholders(lay))
+    names = [argument.name for argument in K1Template().arguments(spec)]
+    return Build(launch_k1, in_order("k1", names, placeholders(lay)))
 
 
-def placeholders(lay: K1Layout) -> tuple:
-    """CPU tensors with the bucket's shapes (flat), in argument order, for flyc.compile."""
+def placeholders(lay: K1Layout) -> dict[str, torch.Tensor | int]:
+    """CPU tensors with the bucket's shapes (flat) and scalars, by argument name, for flyc.compile."""
     rows = lay.rows
 
     def empty(n: int, dtype: torch.dtype) -> torch.Tensor:
@@ -347,15 +348,18 @@ def placeholders(lay: K1Layout) -> tuple:
 
     bf16, f32, u8, i64 = torch.bfloat16, torch.float32, torch.uint8, torch.int64
     block = 64
-    return (
-        empty(rows * H, bf16), empty(rows * STREAMS * H, bf16), empty(rows * STREAMS, f32), empty(rows * 16, f32),
-        empty(MIXES * STREAMS * H, f32), empty(MIXES, f32), empty(3, f32), empty(H, bf16),
-        empty(QKV * H, u8), empty((QKV // WEIGHT_BLOCK) * (H // WEIGHT_BLOCK), u8), empty(Q_LORA, bf16),
-        empty(KV_LORA, bf16),
-        empty(lay.q_width * Q_LORA, u8), empty((lay.q_width // WEIGHT_BLOCK) * (Q_LORA // WEIGHT_BLOCK), u8),
-        empty(1024 * ROPE, f32), empty(rows, i64), empty(rows, i64), empty(block * KV_RECORD, u8),
-        empty(rows * STREAMS * H, bf16), empty(rows * STREAMS, f32), empty(rows * 16, f32), empty(rows * H, bf16),
-        empty(rows * Q_LORA, bf16), empty(rows * lay.q_width, bf16),
-        empty(lay.sync_words, torch.int32), empty(lay.f32_words, f32), empty(lay.bytes, u8),
-        rows, 1, H, 0, Q_LORA, 0, block * KV_RECORD, block,
+    return dict(
+        x=empty(rows * H, bf16), residual=empty(rows * STREAMS * H, bf16), post_mix=empty(rows * STREAMS, f32),
+        res_mix=empty(rows * 16, f32), hc_fn=empty(MIXES * STREAMS * H, f32), hc_base=empty(MIXES, f32),
+        hc_scale=empty(3, f32), attn_norm=empty(H, bf16),
+        w_qkv=empty(QKV * H, u8), s_qkv=empty((QKV // WEIGHT_BLOCK) * (H // WEIGHT_BLOCK), u8),
+        q_norm=empty(Q_LORA, bf16), kv_norm=empty(KV_LORA, bf16),
+        w_qb=empty(lay.q_width * Q_LORA, u8), s_qb=empty((lay.q_width // WEIGHT_BLOCK) * (Q_LORA // WEIGHT_BLOCK), u8),
+        rope=empty(1024 * ROPE, f32), positions=empty(rows, i64), slot_mapping=empty(rows, i64),
+        kv_cache=empty(block * KV_RECORD, u8),
+        r_out=empty(rows * STREAMS * H, bf16), post_out=empty(rows * STREAMS, f32), comb_out=empty(rows * 16, f32),
+        x_norm=empty(rows * H, bf16), qr_out=empty(rows * Q_LORA, bf16), q_out=empty(rows * lay.q_width, bf16),
+        sync=empty(lay.sync_words, torch.int32), work_f32=empty(lay.f32_words, f32), work_u8=empty(lay.bytes, u8),
+        m=rows, do_fold=1, qkv_stride=H, qkv_shuffled=0, qb_stride=Q_LORA, qb_shuffled=0,
+        page_stride=block * KV_RECORD, block_size=block,
     )

@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from ...deepseek_v4 import HEAD_DIM, HEADS, HIDDEN, KV_LORA, Q_LORA
 from ...resources import LDS_PER_CU
 from ...spec import Spec
 from .. import schedule as sched
-from ..geometry import (CTAS, LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS, MX_BLOCK, PARTIALS, SEAM_CHUNKS,
+from ..geometry import (LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS, MX_BLOCK, PARTIALS, SEAM_CHUNKS,
                         SEAM_GROUP, TILE_K, TILE_N, WAVES)
 
 QKV = Q_LORA + KV_LORA  # fused_wqa_wkv outputs
@@ -102,12 +103,15 @@ BYTE_REGIONS: tuple[sched.Region, ...] = (
 
 
 @dataclass(frozen=True)
-class K1Layout:
-    """Every width, task count and offset of one K1 build."""
+class K1Layout(sched.ScheduledLayout):
+    """Every width, task count and offset of one K1 build (the accessors over the schedule and
+    the scratch tables: sched.ScheduledLayout)."""
 
     tp: int
     rows: int  # max_tokens: the bucket
     schedule: tuple[sched.Stage, ...] = field(default=SCHEDULE, repr=False)  # what the kernel runs
+    f32_regions: ClassVar[tuple[sched.Region, ...]] = F32_REGIONS
+    byte_regions: ClassVar[tuple[sched.Region, ...]] = BYTE_REGIONS
 
     @classmethod
     def of(cls, spec: Spec) -> "K1Layout":
@@ -140,9 +144,6 @@ class K1Layout:
     def head_groups(self) -> int:
         return math.ceil(self.heads / HEADS_PER_TASK)
 
-    def tasks(self, stage: int) -> int:
-        return sched.stage(self.schedule, stage).tasks(self)
-
     @property
     def s1_tasks(self) -> int:
         return self.tasks(1)
@@ -159,28 +160,7 @@ class K1Layout:
     def s6_tasks(self) -> int:
         return self.tasks(6)
 
-    # -- sync words (int32): epoch, exit and arrival counters, then a flag per producer task --
-    def flag_base(self, stage: int) -> int:
-        """The sync word of stage `stage`'s first task flag."""
-        return sched.flag_bases(self.schedule, self)[stage]
-
-    @property
-    def sync_words(self) -> int:
-        return sched.flag_bases(self.schedule, self)[0]
-
-    def awaits(self, stage: int, task, m):
-        """(first flag, count) a task of `stage` waits for, in a launch of m rows."""
-        return sched.awaited_flags(self, sched.stage(self.schedule, stage), task, m)
-
-    def program(self, cta: int, m: int) -> list[tuple]:
-        """CTA `cta`'s waits, runs and publishes in one launch with m rows, in the order the
-        kernel's stage loops run them (both come from self.schedule)."""
-        return sched.program(self.schedule, self, cta, CTAS, m)
-
     # -- f32 scratch (F32_REGIONS, packed in order) ------------------------------------------
-    def _f32(self, name: str) -> int:
-        return sched.region_offsets(F32_REGIONS, self)[name]
-
     @property
     def partials(self) -> int:
         return self._f32("partials")
@@ -204,9 +184,6 @@ class K1Layout:
         written (their products reach only output columns that are never stored), but they are
         allocated, so a bucket of 1 reads 16 rows inside the buffer."""
         return self.row_tiles * TILE_N
-
-    def _byte(self, name: str) -> int:
-        return sched.region_offsets(BYTE_REGIONS, self)[name]
 
     @property
     def x_codes(self) -> int:

@@ -23,50 +23,11 @@ of the step's experts, the shared expert (MXFP8 x FP8), the routed experts over 
 (MXFP4 x MXFP8 scaled MFMAs, each expert's weights read once a step), the clamped SwiGLU, the
 rank's partial bf16(routed + shared) and its all-reduce into `out`.
 
-Contract (M = rows this step, 1 <= M <= spec.max_tokens; flat buffers, row-major; fp8 as bytes):
-  in   positions    [M] int64;  slot_mapping [M] int64 (-1: a graph-pad row)
-       swa_indices  [M, 128] int32 global SWA slots (-1 padded);  swa_lens [M] int32
-       topk         [M, W] int32: CSA indexer top-k (local indices) or HCA global slots
-       token_req    [M] int32 (CSA);  block_table [R, bt_stride] int32 compressed pages (CSA)
-       swa_cache, comp_cache   the caches' bytes: pages of `*_block` 584-byte records,
-                    `*_page_stride` bytes a page (K1's record layout); read through 64-bit
-                    addresses (page x stride in i64), so a cache may pass 4 GiB
-       weights      [28] int64, the layer's table (layout.WEIGHT_TABLE), filled once a layer:
-                    addresses of wo_a [groups x 1024, woa_stride] e4m3 (row-major with vLLM's
-                    padded rows, or AITER-preshuffled with stride 4096), its E8M0 codes
-                    [groups x 8, 32], wo_b [7168, wob_stride] e4m3 (preshuffled: stride
-                    groups x 1024), its codes [56, groups x 8], attn_sink [heads] f32, the rope
-                    table [P, 64] f32, hc_ffn_fn [24, 4 x 7168] f32, hc_ffn_base [24],
-                    hc_ffn_scale [3] f32, ffn_norm [7168] bf16; then woa_stride, woa_shuffled,
-                    wob_stride, wob_shuffled as integers; then the MoE's: gate [384, 7168]
-                    bf16, bias [384] f32 (0 on a hash layer), w13 [384, 2 x inter, 3584] and w2
-                    [384, 7168, inter / 2] fp4x2 in AITER's A8W4 layout and their shuffled E8M0
-                    scales, the shared gate_up [2 x inter, sgu_stride] and down [7168,
-                    sw2_stride] e4m3 with 128 x 128 E8M0 codes; sgu_stride, sgu_shuffled,
-                    sw2_stride, sw2_shuffled
-       state        [10] int64, the runner's table (layout.STATE_TABLE), filled once: addresses
-                    of K1's q_out [rows, heads, 512] bf16, r_out [rows, 4, 7168] bf16 (K2's
-                    residual), post_out [rows, 4] and comb_out [rows, 4, 4] f32; then K2's
-                    outputs: r_out [rows, 4, 7168] bf16 (R after the attention's fold; may be
-                    K1's r_out), post_out [rows, 4], comb_out [rows, 4, 4] f32 (the FFN seam's
-                    mixes), x_norm [rows, 7168] bf16 (ffn_norm of the collapse; its MXFP8 stays
-                    in `work`), pre_out [rows, 4] f32 (the FFN seam's pre, vLLM's pre_out),
-                    out [rows, 7168] bf16 (the reduced MoE output), each at least `rows` rows
-  work sync         [K2MoeLayout.sync_words] int32, zeroed once (as K1's: epochs, counters, flags)
-       work         [K2MoeLayout.work_words] f32: scratch (f32, i32 and byte regions)
-       mailbox      [peer_bytes / 8] int64: this rank's peer buffer (uncached, zeroed once,
-                    IPC-shared: runtime/peer.py);  peers [8] int64: every rank's buffer address
-                    by TP rank (entries past tp unused)
-       route_ids    [M, 6] int32: a hash layer's experts (tid2eid[input_ids]), read with use_hash
-  i32  m, rank, swa_page_stride, swa_block, comp_page_stride, comp_block, bt_stride, per_page,
-       use_hash, peer_wait_us (how long a cross-rank wait may last, in microseconds of
-       s_memrealtime's 100 MHz clock, before the launch traps; the runner passes the
-       `peer_wait` setting, MONO_JIT_PEER_WAIT, default 30 s)
-
-Why tables: the AMDGPU backend loads every kernel argument in the entry block and keeps it
-live, so with each weight and buffer an argument K2 spilled up to 48 SGPRs; an address read
-from a table in the stage that uses it holds registers only there. The weights and the
-runner's buffers never move, so their tables are written once.
+Arguments: `K2Template.arguments`, in launch order, each with its dtype, shape and role (M =
+rows this step, 1 <= M <= spec.max_tokens; flat row-major buffers; fp8 as bytes); the entries of
+its `weights` and `state` tables: `layout.WEIGHT_TABLE` / `STATE_TABLE`. The layer's weights and
+the runner's buffers go in by address, through those tables, because the AMDGPU backend keeps
+every kernel argument live from the entry block (K2 spilled SGPRs with them as arguments).
 
 Specialised by (TP, ratio, top-k width, max tokens): the key-table width and the attention's
 chunking follow the ratio and width. Layer kind is not a build: every K2 folds (the attention
@@ -120,16 +81,21 @@ class K2Template(Template):
             t("topk", "int32", f"[M, {lay.topk_width}] CSA local indices / HCA global slots"),
             t("token_req", "int32", "[M] request of each token (CSA)"),
             t("block_table", "int32", "[R, bt_stride] compressed block table (CSA)"),
-            t("swa_cache", "uint8", "SWA cache bytes (fp8_ds_mla pages), read through 64-bit addresses",
+            t("swa_cache", "uint8", "SWA cache bytes: pages of swa_block 584-byte fp8_ds_mla records (K1's "
+              "layout), swa_page_stride bytes a page; read through 64-bit addresses, so it may pass 4 GiB",
               unbounded=True),
-            t("comp_cache", "uint8", "compressed cache bytes (fp8_ds_mla pages), read through 64-bit addresses",
+            t("comp_cache", "uint8", "compressed cache bytes: pages of comp_block 584-byte fp8_ds_mla records, "
+              "comp_page_stride bytes a page; read through 64-bit addresses, so it may pass 4 GiB",
               unbounded=True),
-            t("weights", "int64", f"[{len(WEIGHT_TABLE)}] the layer's table: {', '.join(WEIGHT_TABLE)}"),
-            t("state", "int64", f"[{len(STATE_TABLE)}] the runner's buffers: {', '.join(STATE_TABLE)}"),
-            t("sync", "int32", f"[{lay.sync_words}] epoch, counters, flags"),
-            t("work", "float32", f"[{lay.work_words}] scratch"),
-            t("mailbox", "int64", f"[{lay.peer_bytes // PAIR_BYTES}] this rank's peer buffer"),
-            t("peers", "int64", f"[{PEERS}] every rank's peer-buffer address"),
+            t("weights", "int64", f"[{len(WEIGHT_TABLE)}] the layer's table, filled once a layer: "
+              f"{', '.join(WEIGHT_TABLE)}"),
+            t("state", "int64", f"[{len(STATE_TABLE)}] the runner's buffers, filled once, each at least max_tokens "
+              f"rows: {', '.join(STATE_TABLE)}"),
+            t("sync", "int32", f"[{lay.sync_words}] epoch, counters, flags; zeroed once (as K1's)"),
+            t("work", "float32", f"[{lay.work_words}] scratch: the f32, i32 and byte regions"),
+            t("mailbox", "int64", f"[{lay.peer_bytes // PAIR_BYTES}] this rank's peer buffer (uncached, zeroed once, "
+              "IPC-shared: runtime/peer.py)"),
+            t("peers", "int64", f"[{PEERS}] every rank's peer-buffer address by TP rank (entries past tp unused)"),
             t("route_ids", "int32", f"[M, {TOPK}] a hash layer's experts (tid2eid[input_ids]); unread otherwise"),
             i("m", "rows this step (1..max_tokens)"),
             i("rank", "this TP rank"),
@@ -140,7 +106,8 @@ class K2Template(Template):
             i("bt_stride", "block_table.stride(0) (CSA)"),
             i("per_page", "compressed entries per page (CSA)"),
             i("use_hash", "1 on a hash layer (experts from route_ids, no bias), else 0"),
-            i("peer_wait_us", "microseconds a cross-rank wait may last before the launch traps (1 or more)"),
+            i("peer_wait_us", "microseconds (s_memrealtime's 100 MHz clock) a cross-rank wait may last before the "
+              "launch traps (1 or more; the runner passes MONO_JIT_PEER_WAIT, default 30 s)"),
         )
 
     def work_buffers(self, spec: Spec) -> tuple[WorkBuffer, ...]:

@@ -47,13 +47,13 @@ from .._dsl import (butterfly, dsl, flat_view, fresh, fresh_pointer, fresh_scala
 from .._gemv import Fp8Weight, Mxfp8Rows, gemv_reduce, gemv_steps
 from .._numerics import LOG2E, VEC, bf16_pair_f32, bf16_round, e8m0_scale, fp8x4_to_f32, load8_f32, mx_store, rope8
 from .._seam import fold_row, mix_weights, seam_row
-from ..base import Build
+from ..base import Build, in_order
 from ..geometry import (CTAS, KV_RECORD, LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS, PAIR_BYTES, PARTIALS,
                         PEERS, SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, THREADS, TILE_N, WAVE, WAVES)
 from ..keytable.kernel import key_table_row
 from ..router.kernel import select_top6
 from ..sync_device import arrive, leave, publish, step_tag, wait
-from . import addressing as attention_addressing
+from . import K2Template, addressing as attention_addressing
 from .moe_addressing import expert_scale_bytes, expert_weight_bytes, w13_tile
 from .moe_kernel import PickRows, act_row, fp4_steps, logits_task, reduce_to_picks, store_down, union_task
 from .allreduce import moe_push, reduce_row, stage_peer_addresses, wob_push
@@ -630,11 +630,12 @@ def build(spec: Spec, stages: frozenset[int] = ALL_STAGES, schedule: tuple[stage
                comp_block, bt_stride, per_page, use_hash, peer_wait_us).launch(
             grid=(CTAS, 1, 1), block=(THREADS, 1, 1), smem=PIN_LDS_BYTES, stream=stream)
 
-    return Build(launch_k2, placeholders(lay))
+    names = [argument.name for argument in K2Template().arguments(spec)]
+    return Build(launch_k2, in_order("k2", names, placeholders(lay)))
 
 
-def placeholders(lay: K2MoeLayout) -> tuple:
-    """CPU tensors with the bucket's shapes (flat), in argument order, for flyc.compile."""
+def placeholders(lay: K2MoeLayout) -> dict[str, torch.Tensor | int]:
+    """CPU tensors with the bucket's shapes (flat) and scalars, by argument name, for flyc.compile."""
     rows = lay.rows
 
     def empty(n: int, dtype: torch.dtype) -> torch.Tensor:
@@ -643,11 +644,14 @@ def placeholders(lay: K2MoeLayout) -> tuple:
     f32, u8, i32, i64 = torch.float32, torch.uint8, torch.int32, torch.int64
     block = 64
     record_page = block * KV_RECORD
-    return (
-        empty(rows, i64), empty(rows, i64), empty(rows * deepseek_v4.SWA_WINDOW, i32), empty(rows, i32),
-        empty(rows * lay.topk_width, i32), empty(rows, i32), empty(rows * 64, i32),
-        empty(4 * record_page, u8), empty(4 * record_page, u8), empty(len(WEIGHT_TABLE), i64),
-        empty(len(STATE_TABLE), i64), empty(lay.sync_words, i32), empty(lay.work_words, f32),
-        empty(lay.peer_bytes // PAIR_BYTES, i64), empty(PEERS, i64), empty(rows * TOPK, i32),
-        rows, 0, record_page, block, record_page, block, 64, block, 0, 1,
+    return dict(
+        positions=empty(rows, i64), slot_mapping=empty(rows, i64),
+        swa_indices=empty(rows * deepseek_v4.SWA_WINDOW, i32), swa_lens=empty(rows, i32),
+        topk=empty(rows * lay.topk_width, i32), token_req=empty(rows, i32), block_table=empty(rows * 64, i32),
+        swa_cache=empty(4 * record_page, u8), comp_cache=empty(4 * record_page, u8),
+        weights=empty(len(WEIGHT_TABLE), i64), state=empty(len(STATE_TABLE), i64),
+        sync=empty(lay.sync_words, i32), work=empty(lay.work_words, f32),
+        mailbox=empty(lay.peer_bytes // PAIR_BYTES, i64), peers=empty(PEERS, i64), route_ids=empty(rows * TOPK, i32),
+        m=rows, rank=0, swa_page_stride=record_page, swa_block=block, comp_page_stride=record_page, comp_block=block,
+        bt_stride=64, per_page=block, use_hash=0, peer_wait_us=1,
     )

@@ -121,18 +121,28 @@ TICKS_PER_US = 100
 # whether each is AITER-preshuffled (1) or row-major (0; a preshuffled weight's stride is its
 # K). A value read in the stage that uses it holds no SGPRs across the persistent kernel; as
 # arguments they would (the AMDGPU backend loads every kernel argument in the entry block), and
-# with every weight an argument K2 spilled SGPRs.
+# with every weight an argument K2 spilled SGPRs. Part one's: wo_a [groups x 1024, woa_stride]
+# e4m3 (row-major with vLLM's padded rows, or preshuffled with stride 4096) and its E8M0 codes
+# [groups x 8, 32], wo_b [7168, wob_stride] e4m3 (preshuffled: stride groups x 1024) and its codes
+# [56, groups x 8], attn_sink [heads] f32, the rope table [P, 64] f32, hc_ffn_fn [24, 4 x 7168],
+# hc_ffn_base [24] and hc_ffn_scale [3] f32, ffn_norm [7168] bf16.
 WEIGHT_TABLE = ("w_oa", "s_oa", "w_ob", "s_ob", "attn_sink", "rope", "hc_fn", "hc_base", "hc_scale", "ffn_norm",
                 "woa_stride", "woa_shuffled", "wob_stride", "wob_shuffled",
                 # part two (the MoE): the router's gate [384, 7168] bf16 and bias [384] f32 (0 on a
-                # hash layer: never dereferenced), the experts' A8W4 w13 / w2 and their shuffled
-                # E8M0 scales, the shared expert's gate_up [2 x inter, 7168] and down [7168, inter]
+                # hash layer: never dereferenced), the experts' w13 [384, 2 x inter, 3584] and w2
+                # [384, 7168, inter / 2] fp4x2 in AITER's A8W4 layout and their shuffled E8M0
+                # scales, the shared expert's gate_up [2 x inter, 7168] and down [7168, inter]
                 # e4m3 with 128 x 128 E8M0 codes, their row strides and layouts
                 "gate", "bias", "w13", "w13_s", "w2", "w2_s", "sgu", "sgu_s", "sw2", "sw2_s",
                 "sgu_stride", "sgu_shuffled", "sw2_stride", "sw2_shuffled")
 # The runner's buffers K2 reads and writes reach it the same way, one table a runner (they are
 # allocated once, at the widest bucket, and never move): K1's q_out, r_out, post_out and
-# comb_out (K2's inputs), then K2's outputs.
+# comb_out (K2's inputs: q [rows, heads, 512] bf16, residual [rows, 4, 7168] bf16, post_in [rows, 4]
+# and comb_in [rows, 4, 4] f32), then K2's outputs: r_out [rows, 4, 7168] bf16 (R after the
+# attention's fold; may be K1's r_out), post_out [rows, 4] and comb_out [rows, 4, 4] f32 (the FFN
+# seam's mixes), pre_out [rows, 4] f32 (the FFN seam's pre, vLLM's pre_out), x_norm [rows, 7168]
+# bf16 (ffn_norm of the collapse; its MXFP8 stays in `work`), out [rows, 7168] bf16 (the reduced
+# MoE output); each at least `rows` rows.
 STATE_TABLE = ("q", "residual", "post_in", "comb_in", "r_out", "post_out", "comb_out", "pre_out", "x_norm", "out")
 
 # The all-reduce's model (module docstring): link bandwidth a direction, latency a hop.
@@ -247,8 +257,9 @@ BYTE_REGIONS: tuple[sched.Region, ...] = (
 
 
 @dataclass(frozen=True)
-class K2Layout:
-    """Every width, task count and offset of one K2 part-one build."""
+class K2Layout(sched.ScheduledLayout):
+    """Every width, task count and offset of one K2 part-one build (the accessors over the
+    schedule and the scratch tables: sched.ScheduledLayout)."""
 
     tp: int
     ratio: int
@@ -259,6 +270,7 @@ class K2Layout:
     f32_regions: ClassVar[tuple[sched.Region, ...]] = F32_REGIONS
     i32_regions: ClassVar[tuple[sched.Region, ...]] = I32_REGIONS
     byte_regions: ClassVar[tuple[sched.Region, ...]] = BYTE_REGIONS
+    byte_align: ClassVar[int] = ROW_ALIGN
 
     @classmethod
     def of(cls, spec: Spec) -> "K2Layout":
@@ -312,9 +324,6 @@ class K2Layout:
         return deepseek_v4.HIDDEN // self.tp
 
     # -- task tables (part one's schedule) ------------------------------------------------
-    def tasks(self, stage: int) -> int:
-        return sched.stage(self.schedule, stage).tasks(self)
-
     @property
     def s1_tasks(self) -> int:
         return self.tasks(1)
@@ -375,15 +384,7 @@ class K2Layout:
     def seam_owner(self, chunk: int) -> int:
         return chunk * SEAM_CHUNK // self.owned_cols
 
-    # -- sync words (int32): epoch, exit and arrival counters, then a flag per producer task --
-    @cached_property
-    def _flag_bases(self) -> dict[int, int]:
-        return sched.flag_bases(self.schedule, self)
-
-    def flag_base(self, stage: int) -> int:
-        """The sync word of stage `stage`'s first task flag."""
-        return self._flag_bases[stage]
-
+    # -- sync words: a flag base per publishing stage --------------------------------------
     @property
     def f_keys(self) -> int:
         return self.flag_base(1)
@@ -412,24 +413,6 @@ class K2Layout:
     @property
     def f_norm(self) -> int:
         return self.flag_base(8)
-
-    @property
-    def sync_words(self) -> int:
-        return self._flag_bases[0]
-
-    def awaits(self, stage: int, task, m):
-        """(first flag, count) a task of stage `stage` waits for first in a launch of m rows."""
-        return sched.awaited_flags(self, sched.stage(self.schedule, stage), task, m)
-
-    def waits(self, stage: int, task, m, data: sched.Lookup = sched.NO_DATA) -> list[tuple]:
-        """(first flag, count[, stride]) of each wait of a task of `stage`, in order; `data`
-        answers the words a wait that depends on the launch's data reads."""
-        return [sched.awaited(self, w, task, m, data) for w in sched.stage(self.schedule, stage).waits]
-
-    def row_of(self, stage: int, task):
-        """The row whose place past m skips a task of `stage` (its wait and its work)."""
-        row_of = sched.stage(self.schedule, stage).row_of
-        return None if row_of is None else row_of(self, task)
 
     # -- peer hand-offs: units of pairs a task writes, in the half of the launch's parity -----
     # A unit is what one task pushes to one rank: PART / RS unit src x 448 + tile (a wo_b tile's
@@ -470,25 +453,7 @@ class K2Layout:
         """The half a launch that read `epoch` pushes to and reads: its low bit."""
         return epoch & 1
 
-    # -- the program ------------------------------------------------------------------
-    def _tasks(self, cta: int, count: int) -> range:
-        return range(cta, count, CTAS)
-
-    def program(self, cta: int, m: int, rank: int) -> list[tuple]:
-        """CTA `cta`'s hand-offs on `rank` in one launch of m rows, in the kernel's order (both
-        from the schedule): ("wait", first, count), ("run", stage, task), ("publish", flag, 1),
-        ("push", peer, region, unit) and ("await_peers", region, first unit, count) in its own
-        buffer's half."""
-        return sched.program(self.schedule, self, cta, CTAS, m, rank)
-
     # -- f32 scratch (words; F32_REGIONS) -------------------------------------------------
-    @cached_property
-    def _f32_offsets(self) -> dict[str, int]:
-        return sched.region_offsets(self.f32_regions, self)
-
-    def _f32(self, name: str) -> int:
-        return self._f32_offsets[name]
-
     @property
     def attn_ml(self) -> int:
         return self._f32("attn_ml")
@@ -534,13 +499,6 @@ class K2Layout:
         return (self.u8_at + self.bytes) // 4
 
     # -- i32 scratch (words; I32_REGIONS): the key table --------------------------------------
-    @cached_property
-    def _i32_offsets(self) -> dict[str, int]:
-        return sched.region_offsets(self.i32_regions, self)
-
-    def _i32(self, name: str) -> int:
-        return self._i32_offsets[name]
-
     @property
     def key_slots(self) -> int:
         return self._i32("key_slots")
@@ -558,13 +516,6 @@ class K2Layout:
     def operand_rows(self) -> int:
         """Token rows a GEMV's B operand reads: whole 16-token tiles (K1Layout.operand_rows)."""
         return math.ceil(self.rows / TILE_N) * TILE_N
-
-    @cached_property
-    def _byte_offsets(self) -> dict[str, int]:
-        return sched.region_offsets(self.byte_regions, self, ROW_ALIGN)
-
-    def _byte(self, name: str) -> int:
-        return self._byte_offsets[name]
 
     @property
     def xo_codes(self) -> int:

@@ -291,7 +291,7 @@ class K2MoeLayout(K2Layout):
         return [(peer, MOE_REGIONS[region], unit) for peer, region, unit in self.s7_pushes(task, rank)]
 
     # -- the program ------------------------------------------------------------------
-    def program(self, cta: int, m: int, rank: int, ids: Sequence[Sequence[int]] | None = None) -> list[tuple]:
+    def program(self, cta: int, m: int, rank: int = 0, ids: Sequence[Sequence[int]] | None = None) -> list[tuple]:
         """The CTA's steps in a launch of m rows whose live rows chose `ids` (six each, S10's;
         by default row r chose experts 6 r .. 6 r + 5), in the kernel's order (both from the
         schedule): S16's waits depend on them."""
