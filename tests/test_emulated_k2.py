@@ -39,7 +39,7 @@ from k2_inputs import TP, full_weights, shard, world  # noqa: E402
 from mono_jit.emulator import EmulatorFault, LaunchReport, Machine  # noqa: E402
 from mono_jit.emulator.core import TICKS_PER_INSTRUCTIONS  # noqa: E402
 from mono_jit.spec import Spec  # noqa: E402
-from mono_jit.templates.k1 import reference as k1  # noqa: E402
+from mono_jit.templates import reference_math as rmath  # noqa: E402
 from mono_jit.templates.k2 import moe_addressing as ma  # noqa: E402
 from mono_jit.templates.k2 import moe_reference as moe  # noqa: E402
 from mono_jit.templates.k2 import reference as ref  # noqa: E402
@@ -97,7 +97,7 @@ def _mx(run: K2Run, codes_at: int, scales_at: int, rows: int, k: int) -> tuple[t
 
 def _mxfp8_of_swiglu(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     h = moe.swiglu(gate_up[:, :INTER], gate_up[:, INTER:]).to(torch.bfloat16)
-    return k1.mxfp8_quantize(h)
+    return rmath.mxfp8_quantize(h)
 
 
 def _equal_mx(got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor, torch.Tensor], name: str) -> None:
@@ -140,14 +140,14 @@ def test_s9_to_s17_one_rank_each_hand_off_against_the_reference(setting, codes):
     _read_once_per_chosen_expert(report.per_allocation, len(union))
 
     quarters = run.region("f32", lay.sgu_raw, 4 * lay.rows * 2 * INTER).view(4, lay.rows, -1).sum(0)[:m]
-    torch.testing.assert_close(quarters, k1.fp8_gemv(seam.x_codes, seam.x_scales, weights_moe.sgu,  # S12
+    torch.testing.assert_close(quarters, rmath.fp8_gemv(seam.x_codes, seam.x_scales, weights_moe.sgu,  # S12
                                                      weights_moe.sgu_s, H, shuffled=True), **F32)
     sh = _mx(run, lay.sh_codes, lay.sh_scales, m, INTER)
     _equal_mx(sh, _mxfp8_of_swiglu(quarters.to(torch.bfloat16)), "S13")
-    torch.testing.assert_close(got["shared"], k1.fp8_gemv(sh[0], sh[1], weights_moe.sw2, weights_moe.sw2_s,  # S14
+    torch.testing.assert_close(got["shared"], rmath.fp8_gemv(sh[0], sh[1], weights_moe.sw2, weights_moe.sw2_s,  # S14
                                                           INTER), **F32)
 
-    xq = k1.mxfp8_dequantize(seam.x_codes, seam.x_scales).double()
+    xq = rmath.mxfp8_dequantize(seam.x_codes, seam.x_scales).double()
     gu = run.region("f32", lay.gu, lay.picks * 2 * INTER).view(lay.picks, -1)
     rh = _mx(run, lay.rh_codes, lay.rh_scales, lay.picks, INTER)
     for row in range(m):
@@ -155,7 +155,7 @@ def test_s9_to_s17_one_rank_each_hand_off_against_the_reference(setting, codes):
             pick, (w13, w2) = row * TOPK + j, moe.expert_matrices(weights_moe, int(want.ids[row, j]))
             torch.testing.assert_close(gu[pick], (xq[row] @ w13.double().T).float(), **F32)  # S15
             _equal_mx((rh[0][pick:pick + 1], rh[1][pick:pick + 1]), _mxfp8_of_swiglu(gu[pick:pick + 1]), "S16")
-            h = k1.mxfp8_dequantize(rh[0][pick], rh[1][pick]).double()
+            h = rmath.mxfp8_dequantize(rh[0][pick], rh[1][pick]).double()
             y = (h @ w2.double().T).float() * got["weights"][row, j]
             torch.testing.assert_close(got["picks"][row, j], y, **F32)  # S17
     routed = got["picks"][:, 0]

@@ -12,7 +12,7 @@ from k2_inputs import TP, full_weights, shard, world
 from test_gpu import _on_gfx950
 
 from mono_jit.spec import Spec
-from mono_jit.templates.k1 import reference as k1
+from mono_jit.templates import reference_math as rmath
 from mono_jit.templates.k2 import reference as ref
 from mono_jit.templates.k2 import moe_reference as moe
 
@@ -119,7 +119,7 @@ def test_s11_union_and_picks(setting):
 def test_s12_to_s14_shared_expert_stage_by_stage(setting):
     _, _, weights_moe, seam, want = setting
     m, inter = seam.x_norm.shape[0], 384
-    gate_up = k1.fp8_gemv(seam.x_codes, seam.x_scales, weights_moe.sgu, weights_moe.sgu_s, H, shuffled=True)
+    gate_up = rmath.fp8_gemv(seam.x_codes, seam.x_scales, weights_moe.sgu, weights_moe.sgu_s, H, shuffled=True)
     run = _run(setting, {12})  # S12: the four K quarters add up to the GEMV
     run.launch_stages()
     torch.cuda.synchronize()
@@ -127,15 +127,15 @@ def test_s12_to_s14_shared_expert_stage_by_stage(setting):
     torch.testing.assert_close(quarters.sum(0)[:m], gate_up, rtol=1e-3, atol=1e-2)
 
     h = moe.swiglu(gate_up[:, :inter].to(torch.bfloat16), gate_up[:, inter:].to(torch.bfloat16)).to(torch.bfloat16)
-    h_codes, h_scales = k1.mxfp8_quantize(h)
+    h_codes, h_scales = rmath.mxfp8_quantize(h)
     run = _run(setting, {13})  # S13: quarter 0 holds the whole sum
     run.region("f32", run.lay.sgu_raw, m * 2 * inter).copy_(gate_up.flatten().cuda())
     run.launch_stages()
     torch.cuda.synchronize()
     lay = run.lay
-    got = k1.mxfp8_dequantize(run.region("u8", lay.sh_codes, m * inter).cpu().view(m, inter),
+    got = rmath.mxfp8_dequantize(run.region("u8", lay.sh_codes, m * inter).cpu().view(m, inter),
                               run.region("u8", lay.sh_scales, m * inter // 32).cpu().view(m, -1))
-    torch.testing.assert_close(got, k1.mxfp8_dequantize(h_codes, h_scales), rtol=0.07, atol=1e-3)
+    torch.testing.assert_close(got, rmath.mxfp8_dequantize(h_codes, h_scales), rtol=0.07, atol=1e-3)
 
     run = _run(setting, {14})
     run.region("u8", run.lay.sh_codes, m * inter).copy_(h_codes.flatten().cuda())
@@ -149,7 +149,7 @@ def test_s12_to_s14_shared_expert_stage_by_stage(setting):
 def test_s15_to_s17_routed_experts_stage_by_stage(setting):
     _, _, weights_moe, seam, want = setting
     m, inter = seam.x_norm.shape[0], 384
-    x = k1.mxfp8_dequantize(seam.x_codes, seam.x_scales).double()
+    x = rmath.mxfp8_dequantize(seam.x_codes, seam.x_scales).double()
     gu = torch.zeros(m * TOPK, 2 * inter)
     for row in range(m):
         for j in range(TOPK):
@@ -164,16 +164,16 @@ def test_s15_to_s17_routed_experts_stage_by_stage(setting):
     torch.testing.assert_close(got, gu, rtol=1e-3, atol=1e-2)  # f32 sums over 7168 in another order
 
     h = moe.swiglu(gu[:, :inter], gu[:, inter:]).to(torch.bfloat16)
-    h_codes, h_scales = k1.mxfp8_quantize(h)
+    h_codes, h_scales = rmath.mxfp8_quantize(h)
     run = _run(setting, {16})
     _put_route(run, want)
     run.region("f32", run.lay.gu, gu.numel()).copy_(gu.flatten().cuda())
     run.launch_stages()
     torch.cuda.synchronize()
     lay = run.lay
-    got = k1.mxfp8_dequantize(run.region("u8", lay.rh_codes, m * TOPK * inter).cpu().view(-1, inter),
+    got = rmath.mxfp8_dequantize(run.region("u8", lay.rh_codes, m * TOPK * inter).cpu().view(-1, inter),
                               run.region("u8", lay.rh_scales, m * TOPK * inter // 32).cpu().view(m * TOPK, -1))
-    torch.testing.assert_close(got, k1.mxfp8_dequantize(h_codes, h_scales), rtol=0.07, atol=1e-3)
+    torch.testing.assert_close(got, rmath.mxfp8_dequantize(h_codes, h_scales), rtol=0.07, atol=1e-3)
 
     run = _run(setting, {17})
     _put_route(run, want)

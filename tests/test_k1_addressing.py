@@ -14,7 +14,7 @@ from gemv_model import BYTES16, Fp8Weight, Mxfp8Scratch, emulate_gemv, problem
 
 from mono_jit.templates import addressing as ad
 from mono_jit.templates.k1 import addressing as k1ad
-from mono_jit.templates.k1 import reference as ref
+from mono_jit.templates import reference_math as rmath
 from mono_jit.templates.geometry import CTAS, WAVES
 from mono_jit.templates.k1.layout import QKV, S3_TILES, K1Layout
 
@@ -32,7 +32,7 @@ def _s3(m, shuffled, seed=3):
         return n0, k1ad.s3_steps(part, wave), part
 
     out, writes = emulate_gemv(weight, acts, m, lay.row_tiles, lay.s3_tasks, wave_work, WAVES, QKV, parts=2)
-    want = ref.fp8_gemv(x_codes, x_scales, plain, scales, H).double()
+    want = rmath.fp8_gemv(x_codes, x_scales, plain, scales, H).double()
     return out, writes, want
 
 
@@ -50,7 +50,7 @@ def _s5(m, shuffled, seed=4, emulate_tasks=32):
 
     out, writes = emulate_gemv(weight, acts, m, lay.row_tiles, emulate_tasks, wave_work, k1ad.S5_WAVES_PER_TILE,
                                q_width)
-    want = ref.fp8_gemv(x_codes, x_scales, plain, scales, 1536).double()
+    want = rmath.fp8_gemv(x_codes, x_scales, plain, scales, 1536).double()
     return out, writes, want
 
 
@@ -105,7 +105,7 @@ def test_s3_steps_partition_each_k_half():
 def test_preshuffled_offset_matches_the_reference_layout():
     n, k = 64, 7168
     w = torch.randint(0, 256, (n, k), dtype=torch.uint8)
-    flat = ref.preshuffle_16x16(w).flatten()
+    flat = rmath.preshuffle_16x16(w).flatten()
     rows = torch.arange(n)[:, None]
     k0 = torch.arange(0, k, 16)[None, :]
     offsets = ad.preshuffled_offset(rows, k0, k)
@@ -114,11 +114,11 @@ def test_preshuffled_offset_matches_the_reference_layout():
 
 
 def test_kv_offsets_match_the_reference_insert():
-    _, records = ref.kv_dequantize, ref.kv_record(torch.randn(3, 512).to(torch.bfloat16).float())
+    _, records = rmath.kv_dequantize, rmath.kv_record(torch.randn(3, 512).to(torch.bfloat16).float())
     block, stride = 16, 16 * 584 + 32
     cache = torch.zeros(4 * stride, dtype=torch.uint8)
     slots = [3, 17, 63]
-    ref.kv_insert(cache, records, torch.tensor(slots), stride, block)
+    rmath.kv_insert(cache, records, torch.tensor(slots), stride, block)
     for record, slot in zip(records, slots):
         data, scales = ad.kv_offsets(slot, block, stride)
         assert torch.equal(cache[data:data + 576], record[:576])

@@ -12,6 +12,7 @@ from mono_jit.selfcheck.k1_world import random_weights
 from mono_jit.spec import Spec
 from mono_jit.templates import get
 from mono_jit.templates.k1 import reference as ref
+from mono_jit.templates import reference_math as rmath
 
 
 def reference_launcher(bucket: int, break_it: str = ""):
@@ -76,21 +77,21 @@ def reference_stage_launcher(run_box: list, stage: int, bucket: int, break_it: b
         run, m = run_box[0], a["m"]
         s, w = scratch(run), run.w
         if stage == 1:
-            r = ref.fold(a["x"][: m * H].view(m, H), a["residual"][: m * 4 * H].view(m, 4, H),
+            r = rmath.fold(a["x"][: m * H].view(m, H), a["residual"][: m * 4 * H].view(m, 4, H),
                          a["post_mix"][: m * 4].view(m, 4, 1), a["res_mix"][: m * 16].view(m, 4, 4), bool(a["do_fold"]))
             a["r_out"][: r.numel()].copy_(r.flatten())
-            s["partials"][:m].copy_(ref.seam_partials(r, w.hc_fn))
+            s["partials"][:m].copy_(rmath.seam_partials(r, w.hc_fn))
         elif stage == 2:
             r = a["r_out"][: m * 4 * H].view(m, 4, H)
-            gate = ref.gate_from_partials(s["partials"][:m], 4 * H, w.hc_base, w.hc_scale)
-            x_norm = ref.rms_norm(ref.collapse(r, gate.pre), w.attn_norm)
-            codes, scales = ref.mxfp8_quantize(x_norm)
+            gate = rmath.gate_from_partials(s["partials"][:m], 4 * H, w.hc_base, w.hc_scale)
+            x_norm = rmath.rms_norm(rmath.collapse(r, gate.pre), w.attn_norm)
+            codes, scales = rmath.mxfp8_quantize(x_norm)
             a["post_out"][: m * 4].copy_(gate.post.flatten())
             a["comb_out"][: m * 16].copy_(gate.comb.flatten())
             a["x_norm"][: m * H].copy_(x_norm.flatten())
             s["x_codes"][:m], s["x_scales"][:m] = codes, scales
         elif stage == 3:
-            raw = ref.fp8_gemv(s["x_codes"][:m], s["x_scales"][:m], w.w_qkv, w.s_qkv, H)
+            raw = rmath.fp8_gemv(s["x_codes"][:m], s["x_scales"][:m], w.w_qkv, w.s_qkv, H)
             if break_it:
                 raw[:, 100] += 1.0
             s["qkv_raw"][0, :m], s["qkv_raw"][1, :m] = raw / 2, raw / 2
@@ -98,9 +99,9 @@ def reference_stage_launcher(run_box: list, stage: int, bucket: int, break_it: b
             front = ref.attention_front(s["qkv_raw"][0, :m] + s["qkv_raw"][1, :m], w, a["positions"][:m])
             a["qr_out"][: m * 1536].copy_(front.qr.flatten())
             s["qr_codes"][:m], s["qr_scales"][:m] = front.qr_codes, front.qr_scales
-            ref.kv_insert(a["kv_cache"], front.records, a["slot_mapping"][:m], a["page_stride"], a["block_size"])
+            rmath.kv_insert(a["kv_cache"], front.records, a["slot_mapping"][:m], a["page_stride"], a["block_size"])
         elif stage == 5:
-            s["q_raw"][:m] = ref.fp8_gemv(s["qr_codes"][:m], s["qr_scales"][:m], w.w_qb, w.s_qb, 1536)
+            s["q_raw"][:m] = rmath.fp8_gemv(s["qr_codes"][:m], s["qr_scales"][:m], w.w_qb, w.s_qb, 1536)
         elif stage == 6:
             q = ref.q_heads(s["q_raw"][:m], w.rope, a["positions"][:m])
             a["q_out"][: q.numel()].copy_(q.flatten())

@@ -14,6 +14,7 @@ from mono_jit.selfcheck.k1_world import random_activations, random_weights
 from mono_jit.deepseek_v4 import EPS
 from mono_jit.spec import Spec
 from mono_jit.templates.k1 import reference as ref
+from mono_jit.templates import reference_math as rmath
 from mono_jit.templates.k1.layout import K1Layout
 
 H = 7168
@@ -42,16 +43,16 @@ EDGES = [0.0, 1e-45, 1e-40, 2.0 ** -126, 1e-4, 0.5, 1.0, 224.0, 447.99, 448.0,
 
 @pytest.mark.parametrize("amax", EDGES)
 def test_e8m0_code_on_edges(amax):
-    assert int(ref.e8m0_code(torch.tensor([amax], dtype=torch.float32))[0]) == exact_code(
+    assert int(rmath.e8m0_code(torch.tensor([amax], dtype=torch.float32))[0]) == exact_code(
         float(torch.tensor(amax, dtype=torch.float32)))
 
 
 def test_e8m0_code_random_and_special():
     values = torch.cat([torch.rand(2000) * 1000, torch.exp2(torch.randint(-140, 120, (500,)).float()) * 448,
                         torch.tensor([float("inf"), float("-inf")])])
-    codes = ref.e8m0_code(values)
+    codes = rmath.e8m0_code(values)
     assert codes.tolist() == [exact_code(abs(v)) for v in values.tolist()]
-    assert int(ref.e8m0_code(torch.tensor([3.4e38]))[0]) == 247  # the largest finite code
+    assert int(rmath.e8m0_code(torch.tensor([3.4e38]))[0]) == 247  # the largest finite code
 
 
 def test_mxfp8_codes_on_edge_values():
@@ -60,30 +61,30 @@ def test_mxfp8_codes_on_edge_values():
     block[1, 1] = 2.0 ** -9  # the smallest e4m3 subnormal at scale 1
     block[2, 0] = 449.0  # above 448: the scale doubles
     block[3, 0] = 1e-42  # an f32 subnormal block
-    codes, scales = ref.mxfp8_quantize(block.flatten())
+    codes, scales = rmath.mxfp8_quantize(block.flatten())
     codes = codes.view(4, 32)
     assert scales.tolist() == [0, 127, 128, 0]
     assert codes[0].eq(0).all()
     assert int(codes[1, 0]) == 0x7E and int(codes[1, 1]) == 0x01
-    assert float(ref.e4m3_value(codes[2, :1]) * 2) == 448.0  # 449 / 2 rounds to 224 (RNE)
-    back = ref.mxfp8_dequantize(codes.flatten(), scales).view(4, 32)
+    assert float(rmath.e4m3_value(codes[2, :1]) * 2) == 448.0  # 449 / 2 rounds to 224 (RNE)
+    back = rmath.mxfp8_dequantize(codes.flatten(), scales).view(4, 32)
     assert back[1, 0] == 448.0 and back[1, 1] == 2.0 ** -9
 
 
 def test_mxfp8_round_trip_error_is_e4m3_error():
     x = torch.randn(64, 256) * torch.exp2(torch.randint(-20, 20, (64, 1)).float())
-    codes, scales = ref.mxfp8_quantize(x)
-    back = ref.mxfp8_dequantize(codes, scales)
+    codes, scales = rmath.mxfp8_quantize(x)
+    back = rmath.mxfp8_dequantize(codes, scales)
     blocks = x.view(64, 8, 32)
-    quantum = ref.e8m0_value(scales).unsqueeze(-1) * 2.0 ** -9  # e4m3 subnormal step at that scale
+    quantum = rmath.e8m0_value(scales).unsqueeze(-1) * 2.0 ** -9  # e4m3 subnormal step at that scale
     err = (back.view(64, 8, 32) - blocks).abs()
     assert (err <= torch.maximum(blocks.abs() * 2.0 ** -4, quantum)).all()
-    assert (back.view(64, 8, 32).abs().amax(-1) <= 448 * ref.e8m0_value(scales)).all()
+    assert (back.view(64, 8, 32).abs().amax(-1) <= 448 * rmath.e8m0_value(scales)).all()
 
 
 def test_sinkhorn_is_doubly_stochastic():
     logits = torch.randn(256, 4, 4)  # mixes * scale + base: O(1) logits
-    comb = ref.sinkhorn(logits)
+    comb = rmath.sinkhorn(logits)
     assert (comb > 0).all()
     # Columns are normalised last (exact); rows converge: 20 rounds leave < 5e-4 on O(1) logits.
     torch.testing.assert_close(comb.sum(-1), torch.ones(256, 4), atol=5e-4, rtol=0)
@@ -92,7 +93,7 @@ def test_sinkhorn_is_doubly_stochastic():
 
 def test_sinkhorn_first_step_is_row_softmax_then_columns():
     logits = torch.randn(3, 4, 4)
-    one = ref.sinkhorn(logits, rounds=1)
+    one = rmath.sinkhorn(logits, rounds=1)
     soft = torch.exp(logits) / torch.exp(logits).sum(-1, keepdim=True) + EPS
     torch.testing.assert_close(one, soft / (soft.sum(-2, keepdim=True) + EPS))
 
@@ -101,13 +102,13 @@ def test_rms_norm_matches_torch():
     x = torch.randn(5, 512).to(torch.bfloat16)
     w = torch.randn(512).to(torch.bfloat16)
     expected = torch.nn.functional.rms_norm(x.float(), (512,), w.float(), eps=1e-6).to(torch.bfloat16)
-    assert torch.equal(ref.rms_norm(x, w), expected)
+    assert torch.equal(rmath.rms_norm(x, w), expected)
 
 
 def test_rope_pairs_adjacent_dims_like_a_complex_rotation():
     x = torch.randn(6, 64)
     theta = torch.rand(6, 32) * 6
-    out = ref.rope_gptj(x, torch.cos(theta), torch.sin(theta))
+    out = rmath.rope_gptj(x, torch.cos(theta), torch.sin(theta))
     as_complex = torch.view_as_complex(x.view(6, 32, 2)) * torch.polar(torch.ones_like(theta), theta)
     torch.testing.assert_close(out, torch.view_as_real(as_complex).view(6, 64), atol=1e-5, rtol=1e-5)
 
@@ -118,19 +119,19 @@ def test_fold_against_loops():
     r = torch.randn(m, 4, 8).to(torch.bfloat16)
     post = torch.rand(m, 4, 1) * 2
     comb = torch.rand(m, 4, 4)
-    out = ref.fold(x, r, post, comb, True)
+    out = rmath.fold(x, r, post, comb, True)
     for t in range(m):
         for j in range(4):
             want = post[t, j, 0] * x[t].float() + sum(comb[t, i, j] * r[t, i].float() for i in range(4))
             assert torch.equal(out[t, j], want.to(torch.bfloat16))
-    assert torch.equal(ref.fold(x, r, post, comb, False), r)
+    assert torch.equal(rmath.fold(x, r, post, comb, False), r)
 
 
 def test_seam_gate_against_loops():
     m, h = 2, 256  # two 128-column chunks
     r = torch.randn(m, 4, h).to(torch.bfloat16)
     fn, base, scale = torch.randn(24, 4 * h) * 0.05, torch.randn(24), torch.rand(3) + 0.5  # O(1) mixes
-    gate = ref.seam_gate(r, fn, base, scale)
+    gate = rmath.seam_gate(r, fn, base, scale)
     for t in range(m):
         flat = r[t].flatten().double()
         mixes = [(flat * fn[k].double()).sum() / math.sqrt(float((flat ** 2).mean()) + 1e-6) for k in range(24)]
@@ -148,13 +149,13 @@ def test_fp8_gemv_against_blockwise_loops():
     padded = torch.cat([w, torch.full((n, 32), 0x7F, dtype=torch.uint8)], dim=1)  # padded rows (NaN bytes)
     ws = torch.randint(120, 130, (2, 2), generator=g, dtype=torch.uint8)
     x = torch.randn(m, k, generator=g)
-    xc, xs = ref.mxfp8_quantize(x)
-    out = ref.fp8_gemv(xc, xs, padded, ws, k)
-    xd = ref.mxfp8_dequantize(xc, xs).double()
+    xc, xs = rmath.mxfp8_quantize(x)
+    out = rmath.fp8_gemv(xc, xs, padded, ws, k)
+    xd = rmath.mxfp8_dequantize(xc, xs).double()
     want = torch.zeros(m, n, dtype=torch.float64)
     for bn in range(2):
         for bk in range(2):
-            blk = ref.e4m3_value(w[bn * 128:(bn + 1) * 128, bk * 128:(bk + 1) * 128]).double()
+            blk = rmath.e4m3_value(w[bn * 128:(bn + 1) * 128, bk * 128:(bk + 1) * 128]).double()
             want[:, bn * 128:(bn + 1) * 128] += xd[:, bk * 128:(bk + 1) * 128] @ blk.T * 2.0 ** (int(ws[bn, bk]) - 127)
     torch.testing.assert_close(out.double(), want, rtol=1e-6, atol=1e-6)
 
@@ -163,15 +164,15 @@ def _records(m=4):
     kv = torch.randn(m, 512) * torch.exp2(torch.randint(-6, 6, (m, 1)).float())
     kv[0, :64] = 0  # an all-zero block: the amax floor applies
     kv = kv.to(torch.bfloat16).float()
-    return kv, ref.kv_record(kv)
+    return kv, rmath.kv_record(kv)
 
 
 def test_kv_record_round_trip_within_e4m3_error():
     kv, records = _records()
     assert records.shape == (4, 584) and records.dtype == torch.uint8
-    back = ref.kv_dequantize(records)
+    back = rmath.kv_dequantize(records)
     assert torch.equal(back[:, 448:], kv[:, 448:])  # RoPE dims are stored as bf16
-    scales = ref.e8m0_value(records[:, 576:583]).repeat_interleave(64, dim=1)
+    scales = rmath.e8m0_value(records[:, 576:583]).repeat_interleave(64, dim=1)
     err = (back[:, :448] - kv[:, :448]).abs()
     assert (err <= torch.maximum(kv[:, :448].abs() * 2.0 ** -4, scales * 2.0 ** -9)).all()
     assert int(records[0, 576]) == exact_code(1e-4)  # zero block: code of the 1e-4 floor
@@ -183,10 +184,10 @@ def test_kv_insert_writes_pages_and_skips_minus_one():
     block, stride, pages = 4, 4 * 584 + 64, 3  # a page padded past its records
     cache = torch.full((pages * stride,), 0xAB, dtype=torch.uint8)
     slots = torch.tensor([5, -1, 0, 11])
-    ref.kv_insert(cache, records, slots, stride, block)
+    rmath.kv_insert(cache, records, slots, stride, block)
     for rec, slot in zip(records, slots.tolist()):
         if slot >= 0:
-            got = ref.kv_read(cache, slot, stride, block)
+            got = rmath.kv_read(cache, slot, stride, block)
             assert torch.equal(got, rec)
             assert int(got[583]) == 0  # the pad byte, written 0 as vLLM's insert writes it
     written = torch.zeros_like(cache, dtype=torch.bool)
@@ -209,10 +210,10 @@ def test_k1_reference_end_to_end_invariants():
     # and kv's RoPE is rotated back (RoPE rotates pairs, keeping norms).
     torch.testing.assert_close((out.qr.float() / w.q_norm.float()).pow(2).mean(-1), torch.ones(m), atol=3e-2, rtol=0)
     torch.testing.assert_close(out.q.float().pow(2).mean(-1), torch.ones(m, 16), atol=2e-2, rtol=0)
-    cos, sin = ref.rope_angles(w.rope, torch.tensor([0, 17, 63]))
-    kv = torch.cat([out.kv[:, :448], ref.rope_gptj(out.kv[:, 448:], cos, -sin)], dim=1) / w.kv_norm.float()
+    cos, sin = rmath.rope_angles(w.rope, torch.tensor([0, 17, 63]))
+    kv = torch.cat([out.kv[:, :448], rmath.rope_gptj(out.kv[:, 448:], cos, -sin)], dim=1) / w.kv_norm.float()
     torch.testing.assert_close(kv.pow(2).mean(-1), torch.ones(m), atol=3e-2, rtol=0)
-    back = ref.kv_dequantize(out.records)
+    back = rmath.kv_dequantize(out.records)
     torch.testing.assert_close(back, out.kv, atol=0.1, rtol=0.07)
     # Layer 0: vLLM passes the bf16 x [M, 4, H] in the x, post_mix and res_mix slots; unread.
     layer0 = residual.clone()
@@ -233,24 +234,24 @@ def test_layout_offsets_are_aligned_and_disjoint(rows):
 
 def test_preshuffle_matches_aiters_index_formula_and_round_trips():
     w = torch.randint(0, 256, (64, 128), dtype=torch.uint8)
-    packed = ref.preshuffle_16x16(w)
+    packed = rmath.preshuffle_16x16(w)
     for n, k in [(0, 0), (5, 17), (16, 31), (17, 32), (63, 127), (40, 100)]:
         at = ((n // 16) * (128 // 32) + k // 32) * 512 + ((k % 32) // 16) * 256 + (n % 16) * 16 + k % 16
         assert packed.flatten()[at] == w[n, k]
-    assert torch.equal(ref.unshuffle_16x16(packed), w)
+    assert torch.equal(rmath.unshuffle_16x16(packed), w)
 
 
 def test_fp8_gemv_reads_a_preshuffled_weight_like_the_plain_one():
     w = (torch.randn(256, 256) * 30).to(torch.float8_e4m3fn).view(torch.uint8)
     ws = torch.randint(120, 130, (2, 2), dtype=torch.uint8)
-    xc, xs = ref.mxfp8_quantize(torch.randn(2, 256))
-    assert torch.equal(ref.fp8_gemv(xc, xs, ref.preshuffle_16x16(w), ws, 256, shuffled=True),
-                       ref.fp8_gemv(xc, xs, w, ws, 256))
+    xc, xs = rmath.mxfp8_quantize(torch.randn(2, 256))
+    assert torch.equal(rmath.fp8_gemv(xc, xs, rmath.preshuffle_16x16(w), ws, 256, shuffled=True),
+                       rmath.fp8_gemv(xc, xs, w, ws, 256))
 
 
 def test_e8m0_from_scale_is_exact_and_refuses_non_powers_of_two():
     codes = torch.tensor([0, 1, 100, 127, 200, 254], dtype=torch.uint8)
-    assert torch.equal(ref.e8m0_from_scale(ref.e8m0_value(codes[1:])), codes[1:])
+    assert torch.equal(ref.e8m0_from_scale(rmath.e8m0_value(codes[1:])), codes[1:])
     with pytest.raises(ValueError, match="powers of two"):
         ref.e8m0_from_scale(torch.tensor([0.75]))
 
@@ -258,7 +259,7 @@ def test_e8m0_from_scale_is_exact_and_refuses_non_powers_of_two():
 def test_seam_partials_add_up_to_the_whole_row():
     r = torch.randn(2, 4, 384).to(torch.bfloat16)
     fn = torch.randn(24, 4 * 384)
-    partials = ref.seam_partials(r, fn)
+    partials = rmath.seam_partials(r, fn)
     assert partials.shape == (2, 3, 25)
     flat = r.flatten(1).double()
     torch.testing.assert_close(partials.double().sum(1)[:, :24], flat @ fn.double().T, rtol=1e-6, atol=1e-4)
@@ -287,8 +288,8 @@ def test_nan_activation_gives_an_e4m3_nan_and_code_254():
     kernel's clamp and amax are NaN-propagating too (v_maximum3 / v_minimum3, test_k1_gates)."""
     x = torch.randn(2, 128)
     x[1, 37] = float("nan")
-    codes, scales = ref.mxfp8_quantize(x)
-    clean_codes, clean_scales = ref.mxfp8_quantize(torch.nan_to_num(x, nan=0.0))
+    codes, scales = rmath.mxfp8_quantize(x)
+    clean_codes, clean_scales = rmath.mxfp8_quantize(torch.nan_to_num(x, nan=0.0))
     assert int(codes[1, 37]) & 0x7F == 0x7F  # S.1111.111: e4m3's only NaN
     assert int(scales[1, 1]) == 254
     assert torch.equal(scales[0], clean_scales[0]) and torch.equal(codes[0], clean_codes[0])
@@ -296,14 +297,14 @@ def test_nan_activation_gives_an_e4m3_nan_and_code_254():
     keep[32:64] = False
     assert torch.equal(codes[1, keep], clean_codes[1, keep])
     finite = torch.cat([x[1, 32:37], x[1, 38:64]])
-    assert torch.equal(ref.e4m3_value(torch.cat([codes[1, 32:37], codes[1, 38:64]])),
+    assert torch.equal(rmath.e4m3_value(torch.cat([codes[1, 32:37], codes[1, 38:64]])),
                        (finite * 2.0 ** -126).clamp(-448, 448).to(torch.float8_e4m3fn).float())
-    record = ref.kv_record(torch.where(torch.arange(512) == 5, float("nan"), 1.0).unsqueeze(0))
+    record = rmath.kv_record(torch.where(torch.arange(512) == 5, float("nan"), 1.0).unsqueeze(0))
     assert int(record[0, 5]) & 0x7F == 0x7F and int(record[0, 576]) == 254
 
 
 def test_e8m0_inverse_is_exact_for_finite_codes_and_normal_for_254():
     codes = torch.arange(0, 255, dtype=torch.int32).to(torch.uint8)
-    inverse = ref.e8m0_inverse(codes)
-    assert torch.equal(inverse[:254] * ref.e8m0_value(codes[:254]), torch.ones(254))
+    inverse = rmath.e8m0_inverse(codes)
+    assert torch.equal(inverse[:254] * rmath.e8m0_value(codes[:254]), torch.ones(254))
     assert float(inverse[254]) == 2.0 ** -126  # the smallest normal f32: the kernel's exponent bits

@@ -13,7 +13,7 @@ from gemv_model import Fp8Weight, Mxfp8Scratch, problem, task_accumulators
 from mono_jit import deepseek_v4
 from mono_jit.spec import STANDARD_MAX_TOKENS
 from mono_jit.templates import addressing as ad
-from mono_jit.templates.k1 import reference as k1ref
+from mono_jit.templates import reference_math as rmath
 from mono_jit.templates.geometry import KV_DATA, KV_SCALES, THREADS, WAVES
 from mono_jit.templates.k2 import addressing as k2a
 from mono_jit.templates.k2.layout import K2Layout
@@ -31,7 +31,7 @@ def _activations(m: int, k: int, seed: int):
     """MXFP8 rows whose per-32 codes differ inside every 128-step (a misplaced scale shows)."""
     g = torch.Generator().manual_seed(seed)
     block_scale = torch.exp2(torch.randint(-6, 7, (m, k // 32), generator=g).float())
-    return k1ref.mxfp8_quantize(torch.randn(m, k, generator=g) * block_scale.repeat_interleave(32, dim=1))
+    return rmath.mxfp8_quantize(torch.randn(m, k, generator=g) * block_scale.repeat_interleave(32, dim=1))
 
 
 @pytest.mark.parametrize("shuffled", [False, True])
@@ -64,7 +64,7 @@ def test_wo_a_through_k2s_addressing_and_the_mfma_model_is_each_groups_gemv(shuf
         writes[part].index_put_((token[keep], (n0 + i)[keep]), torch.ones_like(token[keep]), accumulate=True)
     columns = torch.cat([torch.arange(n, n + 32) for n in (0, lay.o_width // 2)])
     assert writes[:, :m, columns].eq(1).all() and writes.sum() == 2 * m * len(columns)
-    want = torch.cat([k1ref.fp8_gemv(xo_codes[:, g * GROUP_K:(g + 1) * GROUP_K], xo_scales[:, g * 128:(g + 1) * 128],
+    want = torch.cat([rmath.fp8_gemv(xo_codes[:, g * GROUP_K:(g + 1) * GROUP_K], xo_scales[:, g * 128:(g + 1) * 128],
                                      plain[g * 1024:(g + 1) * 1024], scales[g * 8:(g + 1) * 8], GROUP_K)
                       for g in range(lay.groups)], dim=1).double()
     torch.testing.assert_close(out[0, :m, columns] + out[1, :m, columns], want[:, columns], rtol=1e-6, atol=1e-5)
@@ -77,7 +77,7 @@ def test_wo_b_pair_slots_push_each_bf16_pair_once_and_pad_tokens_as_zeros(shuffl
     z_codes, z_scales = _activations(m, lay.o_width, seed=8)
     weight = Fp8Weight(plain, scales, lay.o_width, pad=256, shuffled=shuffled)
     scratch = Mxfp8Scratch(z_codes, z_scales, m, lay.operand_rows, lay.o_width)
-    want = k1ref.fp8_gemv(z_codes, z_scales, plain, scales, lay.o_width).to(torch.bfloat16)
+    want = rmath.fp8_gemv(z_codes, z_scales, plain, scales, lay.o_width).to(torch.bfloat16)
     row_tiles = lay.seam.row_tiles
     for task in (0, 1, 55, 56, 447):
         lds = task_accumulators(weight, scratch, row_tiles, task,

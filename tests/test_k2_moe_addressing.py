@@ -16,7 +16,7 @@ from gemv_model import Mxfp8Scratch
 
 from mono_jit import deepseek_v4
 from mono_jit.templates import addressing as shared_addressing
-from mono_jit.templates.k1 import reference as k1ref
+from mono_jit.templates import reference_math as rmath
 from mono_jit.templates.k2 import moe_addressing as ma
 
 H = deepseek_v4.HIDDEN
@@ -207,8 +207,8 @@ def _activations(m: int, k: int, seed: int) -> tuple[Mxfp8Scratch, torch.Tensor]
     their dequantised values."""
     g = torch.Generator().manual_seed(seed)
     block_scale = torch.exp2(torch.randint(-6, 7, (m, k // 32), generator=g).float())
-    codes, scales = k1ref.mxfp8_quantize(torch.randn(m, k, generator=g) * block_scale.repeat_interleave(32, dim=1))
-    return Mxfp8Scratch(codes, scales, m, 16, k), k1ref.mxfp8_dequantize(codes, scales).double()
+    codes, scales = rmath.mxfp8_quantize(torch.randn(m, k, generator=g) * block_scale.repeat_interleave(32, dim=1))
+    return Mxfp8Scratch(codes, scales, m, 16, k), rmath.mxfp8_dequantize(codes, scales).double()
 
 
 def _emulate(w: Expert, expert: int, acts: Mxfp8Scratch, m: int) -> torch.Tensor:

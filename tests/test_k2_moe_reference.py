@@ -22,6 +22,7 @@ from k2_inputs import TP, full_weights, shard, world
 from layer_math import (Global, aiter_shuffle_scale, aiter_shuffle_scale_a16w4, aiter_shuffle_weight_a16w4, e2m1,
                         global_weights, mx8, rank_slices, vllm_moe, vllm_route, vllm_routed, vllm_shared)
 
+from mono_jit.templates import reference_math as rmath
 from mono_jit.templates.k2 import moe_reference as moe
 from mono_jit.templates.router import reference as router_ref
 
@@ -123,7 +124,7 @@ def test_shuffles_match_aiters_own():
 def test_moe_input_is_k1s_mxfp8(x):
     codes, scales = moe.moe_input(x)
     assert codes.shape == (ROWS, H) and scales.shape == (ROWS, H // 32)
-    assert torch.equal(moe.k1.mxfp8_dequantize(codes, scales), mx8(x))
+    assert torch.equal(rmath.mxfp8_dequantize(codes, scales), mx8(x))
 
 
 @pytest.fixture(scope="module")
@@ -255,7 +256,7 @@ def test_a_wrong_choice_fails_the_comparison(wrong, gw, x, monkeypatch, request)
     elif wrong == "w13_not_interleaved":  # the (16, 16) shuffle of [gate; up], no gate / up tiles
         monkeypatch.setattr(moe, "unshuffle_w13", lambda w13: moe.unshuffle_w2(w13))
     else:
-        monkeypatch.setattr(router_ref.model, "ROUTED_SCALING", 1.0)
+        monkeypatch.setattr(router_ref.deepseek_v4, "ROUTED_SCALING", 1.0)
     assert rel(moe.rank_moe(x, w, route_ids).partial, want) > WRONG
 
 

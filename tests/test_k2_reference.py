@@ -13,7 +13,7 @@ from k2_inputs import (D, GROUP_K, KV_GAIN, LOCAL, NOPE, O_LORA, PAD, POISON_SWA
                        FullWeights, H, World, full_weights, shard, world)
 from layer_math import dense_attention, inverse_rope_vllm, mhc_seam, projections
 
-from mono_jit.templates.k1 import reference as k1
+from mono_jit.templates import reference_math as rmath
 from mono_jit.templates.k2 import reference as ref
 from mono_jit.templates.geometry import KV_DATA
 
@@ -147,7 +147,7 @@ def test_masked_keys_are_never_read():
     values, valid = ref.gather(ref.keys(x), x.swa_cache, x.comp_cache)
     before = ref.attend(x.q, values, valid, sink)
     assert bool(before.isfinite().all())
-    k1.kv_insert(x.swa_cache.data, k1.kv_record(torch.randn(len(POISON_SWA), D) * 100), torch.tensor(POISON_SWA),
+    rmath.kv_insert(x.swa_cache.data, rmath.kv_record(torch.randn(len(POISON_SWA), D) * 100), torch.tensor(POISON_SWA),
                  SWA_STRIDE, SWA_BLOCK)
     values, valid = ref.gather(ref.keys(x), x.swa_cache, x.comp_cache)
     assert torch.equal(ref.attend(x.q, values, valid, sink), before)
@@ -156,9 +156,9 @@ def test_masked_keys_are_never_read():
 def test_inverse_rope_undoes_rope_on_the_rope_dims_only(weights):
     positions = torch.tensor([3, 77, 500])
     o = torch.randn(3, LOCAL, D)
-    cos, sin = k1.rope_angles(weights.rope, positions)
+    cos, sin = rmath.rope_angles(weights.rope, positions)
     rotated = o.clone()
-    rotated[..., NOPE:] = k1.rope_gptj(o[..., NOPE:], cos[:, None], sin[:, None])
+    rotated[..., NOPE:] = rmath.rope_gptj(o[..., NOPE:], cos[:, None], sin[:, None])
     back = ref.inverse_rope(rotated, weights.rope, positions)
     assert torch.equal(back[..., :NOPE], o[..., :NOPE])
     torch.testing.assert_close(back, o, rtol=1e-5, atol=1e-5)
@@ -168,7 +168,7 @@ def test_wo_a_reads_k_columns_only_and_each_group_its_heads(shards):
     """The 256 padding bytes of each row are NaN: a read past K would show. Group 1's output
     depends only on heads 8..15's columns."""
     w = shards[0]
-    codes, scales = k1.mxfp8_quantize(torch.randn(2, LOCAL * D))
+    codes, scales = rmath.mxfp8_quantize(torch.randn(2, LOCAL * D))
     z = ref.wo_a(codes, scales, w)
     assert bool(z.isfinite().all())
     codes2 = codes.clone()
@@ -202,7 +202,7 @@ def test_ffn_seam_matches_vllms_mhc_torch(weights, shards):
     # 2 bf16 ulps: the gate's pre differs in f32 ulps (K1 adds the mixes in f64), which can move
     # one rounding of the bf16 collapse, and the norm's rounding follows it
     torch.testing.assert_close(seam.x_norm, want["x_norm"], rtol=2 ** -6, atol=1e-4)
-    torch.testing.assert_close(k1.mxfp8_dequantize(seam.x_codes, seam.x_scales), seam.x_norm.float(),
+    torch.testing.assert_close(rmath.mxfp8_dequantize(seam.x_codes, seam.x_scales), seam.x_norm.float(),
                                rtol=2 ** -4, atol=2 ** -4 * float(seam.x_norm.float().abs().max()))
 
 
@@ -247,7 +247,7 @@ def live_rows(t: torch.Tensor) -> torch.Tensor:
 def xo_error(outs: list[ref.K2Outputs], independent: dict[str, torch.Tensor]) -> float:
     """The ranks' wo_a inputs (dequantised, heads in rank order) against vLLM's o after its
     inverse RoPE: the comparison's first checkpoint, where the attention's choices show."""
-    xo = torch.cat([k1.mxfp8_dequantize(out.rank.xo_codes, out.rank.xo_scales).view(-1, LOCAL, D) for out in outs], 1)
+    xo = torch.cat([rmath.mxfp8_dequantize(out.rank.xo_codes, out.rank.xo_scales).view(-1, LOCAL, D) for out in outs], 1)
     return rel(live_rows(xo), live_rows(independent["o"]))
 
 

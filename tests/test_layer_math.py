@@ -44,6 +44,7 @@ from composed import codes, compose
 
 from mono_jit.runtime.weights import AttnWeights, MonoLayerWeights
 from mono_jit.templates.k1 import reference as k1
+from mono_jit.templates import reference_math as rmath
 from mono_jit.templates.k2 import moe_reference as moe
 
 FRONT, SEAM, OUT = 1e-3, 1e-2, 5e-2
@@ -97,15 +98,15 @@ def test_records_are_k1s_and_read_back():
     kv[0, :64] = 0
     kv = kv.bfloat16()
     records = lm.encode_records(kv)
-    assert torch.equal(records, k1.kv_record(kv.float()))
-    assert torch.equal(lm.decode_record(records), k1.kv_dequantize(records))
+    assert torch.equal(records, rmath.kv_record(kv.float()))
+    assert torch.equal(lm.decode_record(records), rmath.kv_dequantize(records))
     cache = torch.full((3 * (4 * 584 + 40),), 0xAB, dtype=U8)
     slots = torch.tensor([5, -1, 0, 11])
     lm.insert_records(cache, records[:4], slots, 4 * 584 + 40, 4)
     for rec, slot in zip(records[:4], slots.tolist()):
         if slot >= 0:
             assert torch.equal(lm.read_record(cache, slot, 4 * 584 + 40, 4), rec)
-            assert torch.equal(k1.kv_read(cache, slot, 4 * 584 + 40, 4), rec)
+            assert torch.equal(rmath.kv_read(cache, slot, 4 * 584 + 40, 4), rec)
     assert int((cache != 0xAB).sum()) <= 3 * 584
 
 
@@ -119,8 +120,8 @@ def test_front_pieces_match_k1s():
     assert torch.equal(lm.q_heads(q_raw.bfloat16().view(3, 16, 512), cos_sin, positions), want)
     kv = torch.randn(3, 512, generator=g).bfloat16()
     mine = lm.kv_rope(kv, cos_sin, positions)
-    cos, sin = k1.rope_angles(cos_sin, positions)
-    theirs = torch.cat([kv[:, :448].float(), k1.rope_gptj(kv[:, 448:], cos, sin)], 1).bfloat16()
+    cos, sin = rmath.rope_angles(cos_sin, positions)
+    theirs = torch.cat([kv[:, :448].float(), rmath.rope_gptj(kv[:, 448:], cos, sin)], 1).bfloat16()
     assert torch.equal(mine, theirs)
 
 

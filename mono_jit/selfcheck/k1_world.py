@@ -21,6 +21,7 @@ from ..spec import Spec
 from ..templates import get
 from ..templates.geometry import KV_DATA, KV_RECORD, KV_SCALES
 from ..templates.k1 import reference as ref
+from ..templates.reference_math import fp8_gemv, kv_dequantize, kv_read, mxfp8_quantize, preshuffle_16x16, seam_gate, sinkhorn
 from ..templates.k1.layout import K1Layout
 
 
@@ -66,7 +67,7 @@ def random_activations(m: int, seed: int = 1) -> tuple[torch.Tensor, ...]:
     x = torch.randn(m, H, generator=g).to(torch.bfloat16)
     residual = torch.randn(m, 4, H, generator=g).to(torch.bfloat16)
     post_mix = torch.rand(m, 4, 1, generator=g) * 2
-    res_mix = ref.sinkhorn(torch.randn(m, 4, 4, generator=g))
+    res_mix = sinkhorn(torch.randn(m, 4, 4, generator=g))
     return x, residual, post_mix, res_mix
 
 
@@ -89,7 +90,7 @@ class K1Run:
     def __init__(self, bucket: int, w: ref.K1Weights, *, row_pad: int, shuffled: bool, device: str,
                  launcher: Callable):
         if shuffled:  # what vLLM's ROCm attention may do to fused_wqa_wkv (prepare_attn_preshuffle)
-            w = dataclasses.replace(w, w_qkv=ref.preshuffle_16x16(w.w_qkv[:, :H].contiguous()), qkv_shuffled=True)
+            w = dataclasses.replace(w, w_qkv=preshuffle_16x16(w.w_qkv[:, :H].contiguous()), qkv_shuffled=True)
         self.lay, self.bucket, self.w, self.launcher = K1Layout(8, bucket), bucket, w, launcher
         self.names = tuple(a.name for a in get("k1").arguments(Spec(8, 4, 1024, bucket)))
         self.scalars = {"qkv_stride": H if shuffled else H + row_pad, "qkv_shuffled": int(w.qkv_shuffled),
@@ -170,10 +171,10 @@ class K1Run:
         # R (2 of 28,672 bf16 values of R flipping at a tie move post by 1e-4), q's worst element
         # against the MXFP8 of its own qr output, which S5 reads (a flipped qr code moves a few
         # q outputs by more than 3 %), while q's mean bound stays end to end.
-        own_gate = ref.seam_gate(got["r"][: want.r.numel()].view(want.r.shape), self.w.hc_fn, self.w.hc_base,
+        own_gate = seam_gate(got["r"][: want.r.numel()].view(want.r.shape), self.w.hc_fn, self.w.hc_base,
                                  self.w.hc_scale)
-        own_qr = ref.mxfp8_quantize(got["qr"][: want.qr.numel()].view(want.qr.shape))
-        q_raw = ref.fp8_gemv(*own_qr, self.w.w_qb, self.w.s_qb, Q_LORA, self.w.qb_shuffled)
+        own_qr = mxfp8_quantize(got["qr"][: want.qr.numel()].view(want.qr.shape))
+        q_raw = fp8_gemv(*own_qr, self.w.w_qb, self.w.s_qb, Q_LORA, self.w.qb_shuffled)
         q_from_own_qr = ref.q_heads(q_raw, self.w.rope, step.positions)
         checks = (("r", want.r, want.r, 1e-2, 1e-3), ("post", own_gate.post, own_gate.post, 1e-4, 1e-5),
                   ("comb", own_gate.comb, own_gate.comb, 1e-3, 1e-4), ("x_norm", want.x_norm, want.x_norm, 2e-2, 2e-3),
@@ -201,8 +202,8 @@ class K1Run:
         for row, slot in enumerate(step.slots.tolist()):
             if slot < 0:
                 continue
-            record = ref.kv_read(self.cache, slot, PAGE_STRIDE, BLOCK).cpu()
-            close(ref.kv_dequantize(record.unsqueeze(0))[0], want.kv[row], rtol=0.07, atol=0.05)  # e4m3 step
+            record = kv_read(self.cache, slot, PAGE_STRIDE, BLOCK).cpu()
+            close(kv_dequantize(record.unsqueeze(0))[0], want.kv[row], rtol=0.07, atol=0.05)  # e4m3 step
             if not ((record[KV_DATA:KV_RECORD - 1] == want.records[row, KV_DATA:KV_RECORD - 1]).sum() >= 6):
                 raise Mismatch("UE8M0 codes differ")
             if not (record[KV_RECORD - 1] == 0):

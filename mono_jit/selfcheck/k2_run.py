@@ -15,7 +15,7 @@ from ..templates.base import in_order
 from ..spec import Spec
 from ..templates import get
 from ..templates.geometry import PEERS
-from ..templates.k1 import reference as k1
+from ..templates.reference_math import mxfp8_dequantize
 from ..templates.k2 import moe_reference as moe_ref
 from ..templates.k2 import reference as ref
 from ..templates.k2.layout import STATE_TABLE, WEIGHT_TABLE
@@ -258,6 +258,6 @@ class K2Run:
         """The merged, inverse-RoPE'd attention output (MXFP8 in the scratch) against the
         reference's, dequantised (an e4m3 step of tolerance; o is the world's KV_GAIN x a normed o)."""
         s, m = self.scratch(), self.m
-        got = k1.mxfp8_dequantize(s["xo_codes"][:m], s["xo_scales"][:m])
+        got = mxfp8_dequantize(s["xo_codes"][:m], s["xo_scales"][:m])
         close = torch.testing.assert_close
-        close(got, k1.mxfp8_dequantize(want.rank.xo_codes, want.rank.xo_scales), rtol=0.07, atol=0.02 * KV_GAIN)
+        close(got, mxfp8_dequantize(want.rank.xo_codes, want.rank.xo_scales), rtol=0.07, atol=0.02 * KV_GAIN)

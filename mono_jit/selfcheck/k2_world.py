@@ -20,7 +20,7 @@ import torch
 
 from ..deepseek_v4 import EPS, HEAD_DIM, HEADS, HIDDEN as H, MOE_INTERMEDIATE, NOPE, OUTPUT_GROUPS, ROUTED_EXPERTS
 from ..templates.geometry import KV_RECORD
-from ..templates.k1 import reference as k1
+from ..templates.reference_math import kv_insert, kv_record, preshuffle_16x16, sinkhorn
 from ..templates.k2 import reference as ref
 from ..templates.k2.addressing import GROUP_K
 from ..templates.k2.layout import O_LORA
@@ -87,7 +87,7 @@ def shard(w: FullWeights, rank: int) -> ref.K2Weights:
     wo_a = torch.cat([w.wo_a[rows], torch.full((2 * O_LORA, 256), 0x7F, dtype=torch.uint8)], dim=1)
     return ref.K2Weights(
         attn_sink=w.sink[LOCAL * rank: LOCAL * (rank + 1)], wo_a=wo_a, s_woa=w.s_woa[16 * rank: 16 * (rank + 1)],
-        wo_b=k1.preshuffle_16x16(w.wo_b[:, cols].contiguous()), s_wob=w.s_wob[:, 16 * rank: 16 * (rank + 1)],
+        wo_b=preshuffle_16x16(w.wo_b[:, cols].contiguous()), s_wob=w.s_wob[:, 16 * rank: 16 * (rank + 1)],
         rope=w.rope, hc_ffn_fn=w.hc_fn, hc_ffn_base=w.hc_base, hc_ffn_scale=w.hc_scale, ffn_norm=w.ffn_norm)
 
 
@@ -106,9 +106,9 @@ def paged_cache(block: int, pages: int, stride: int, poison: range, g: torch.Gen
     """A cache of kv records of KV_GAIN x random bf16 values, and NaN records at the poison slots."""
     cache = ref.PagedCache(torch.zeros(pages * stride, dtype=torch.uint8), stride, block)
     slots = torch.arange(block * pages)
-    records = k1.kv_record(torch.randn(len(slots), HEAD_DIM, generator=g).to(torch.bfloat16).float() * KV_GAIN)
+    records = kv_record(torch.randn(len(slots), HEAD_DIM, generator=g).to(torch.bfloat16).float() * KV_GAIN)
     records[list(poison), :NOPE] = 0x7F
-    k1.kv_insert(cache.data, records, slots, stride, block)
+    kv_insert(cache.data, records, slots, stride, block)
     return cache, {int(s): rec for s, rec in zip(slots, records)}
 
 
@@ -158,7 +158,7 @@ def world(ratio: int, seed: int = 1, rows: int = len(POSITIONS), width: int | No
         q=q, positions=torch.tensor(positions), slot_mapping=torch.tensor([5, -1, 9][:m]), swa_indices=swa_indices,
         swa_lens=swa_lens, topk=topk, ratio=ratio, swa_cache=swa_cache, comp_cache=comp_cache,
         residual=torch.randn(m, 4, H, generator=g).to(torch.bfloat16), post=torch.rand(m, 4, generator=g) * 2,
-        comb=k1.sinkhorn(torch.randn(m, 4, 4, generator=g)),
+        comb=sinkhorn(torch.randn(m, 4, 4, generator=g)),
         token_req=token_req if ratio == 4 else None, block_table=block_table if ratio == 4 else None,
         entries_per_page=COMP_BLOCK if ratio == 4 else None)
     return World(inputs, keys, {"swa": swa_records, "comp": comp_records})

@@ -8,6 +8,7 @@ import layer_math as lm
 import torch
 
 from mono_jit.templates.k1 import reference as k1
+from mono_jit.templates import reference_math as rmath
 from mono_jit.templates.k2 import moe_reference as moe
 from mono_jit.templates.k2 import reference as k2
 
@@ -46,7 +47,7 @@ def compose(step: lm.LayerStep, w: lm.CheckpointLayer, tp: int = 8) -> dict[str,
     weights = [rank_weights(w, r, tp) for r in range(tp)]
     fronts = [k1.k1(step.x, step.residual, step.post_mix, step.res_mix, fold, kw, step.positions)
               for kw, _, _ in weights]
-    k1.kv_insert(cache, fronts[0].records, step.slot_mapping, step.swa_page_stride, step.swa_block)
+    rmath.kv_insert(cache, fronts[0].records, step.slot_mapping, step.swa_page_stride, step.swa_block)
     inputs = [k2.K2Inputs(
         q=f.q, positions=step.positions, slot_mapping=step.slot_mapping, swa_indices=step.swa_indices,
         swa_lens=step.swa_lens, topk=step.topk, ratio=w.ratio,

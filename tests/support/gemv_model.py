@@ -9,7 +9,7 @@ import mfma_model
 import torch
 
 from mono_jit.templates import addressing as ad
-from mono_jit.templates.k1 import reference as ref
+from mono_jit.templates import reference_math as rmath
 from mono_jit.templates.geometry import THREADS, WAVES
 
 LANES = torch.arange(64)
@@ -23,7 +23,7 @@ class Fp8Weight:
         n = plain.shape[0]
         self.k, self.scales, self.shuffled, self.stride = k, scales.flatten(), shuffled, k + pad
         if shuffled:
-            self.flat = ref.preshuffle_16x16(plain).flatten()
+            self.flat = rmath.preshuffle_16x16(plain).flatten()
         else:
             self.flat = torch.cat([plain, torch.full((n, pad), 0x7F, dtype=torch.uint8)], dim=1).flatten()
 
@@ -117,6 +117,6 @@ def problem(n, k, m, seed):
     scales = torch.randint(118, 124, (n // 128, k // 128), generator=g, dtype=torch.uint8)
     block_scale = torch.exp2(torch.randint(-6, 7, (m, k // 32), generator=g).float())
     x = torch.randn(m, k, generator=g) * block_scale.repeat_interleave(32, dim=1)
-    x_codes, x_scales = ref.mxfp8_quantize(x)
+    x_codes, x_scales = rmath.mxfp8_quantize(x)
     assert (x_scales.view(m, -1, 4).amax(-1) != x_scales.view(m, -1, 4).amin(-1)).float().mean() > 0.9
     return plain, scales, x_codes, x_scales

@@ -19,6 +19,7 @@ from mono_jit.deepseek_v4 import HIDDEN as H
 from mono_jit.runtime.weights import AttnWeights, MonoLayerWeights
 from mono_jit.templates.geometry import KV_RECORD
 from mono_jit.templates.k1 import reference as ref
+from mono_jit.templates import reference_math as rmath
 
 TP, HEADS, GROUPS = 8, 16, 2
 PAGE_BLOCK, PAGES, PAGE_BYTES = 64, 4, 64 * KV_RECORD + 1536  # vLLM pads a page past its records
@@ -58,7 +59,7 @@ def layer_weights(k1: ref.K1Weights, layer_id: int = 3, ratio: int = 4) -> MonoL
     e4m3 = torch.float8_e4m3fn
     attn = AttnWeights(
         layer_id=layer_id,
-        wqkv=ref.preshuffle_16x16(k1.w_qkv[:, :H].contiguous()).view(e4m3),
+        wqkv=rmath.preshuffle_16x16(k1.w_qkv[:, :H].contiguous()).view(e4m3),
         wqkv_scale=mx32(k1.s_qkv), q_norm=k1.q_norm, kv_norm=k1.kv_norm,
         wq_b=padded(HEADS * 512, 1536, k1.w_qb[:, :1536]), wq_b_scale=mx32(k1.s_qb),
         wo_a=padded(GROUPS * 1024, 4096), wo_a_scale=torch.full((64, 128), 127, dtype=torch.uint8),
@@ -120,7 +121,7 @@ def expected_front(k1: ref.K1Weights, step: HookStep) -> tuple[ref.K1Outputs, to
     out = ref.k1(x if fold else None, residual, post_mix if fold else None, res_mix if fold else None, fold, k1,
                  positions)
     cache = view.as_strided((view.shape[0] * PAGE_BYTES,), (1,)).clone()
-    ref.kv_insert(cache, out.records, slots, PAGE_BYTES, PAGE_BLOCK)
+    rmath.kv_insert(cache, out.records, slots, PAGE_BYTES, PAGE_BLOCK)
     return out, cache
 
 

@@ -23,6 +23,7 @@ from mono_jit.runtime.backends import ReferenceBackend
 from mono_jit.runtime.hip import mapped_library
 from mono_jit.runtime.runner import MonoRunner
 from mono_jit.templates.k1 import reference as ref
+from mono_jit.templates import reference_math as rmath
 from mono_jit.vllm.finder import RunnerFinder
 
 H = 7168
@@ -134,6 +135,6 @@ def test_the_front_runs_on_vllms_tensors_through_vllms_hook(md, tiny_model, run_
     swa = step.metadata[layer.attn.swa_cache_layer.prefix]
     block = swa.block_size
     expected = before.clone()
-    ref.kv_insert(expected, want.records, swa.slot_mapping, cache.stride(0), block)
+    rmath.kv_insert(expected, want.records, swa.slot_mapping, cache.stride(0), block)
     assert torch.equal(pages, expected), "KV records differ from reference.kv_insert at vLLM's slots"
     assert (swa.slot_mapping >= 0).sum() == decode_tokens and not torch.equal(pages, before)

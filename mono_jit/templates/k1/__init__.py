@@ -26,7 +26,8 @@ class K1Template(Template):
         "templates/sync_device.py", "templates/sync_words.py", "templates/schedule.py", "templates/_numerics.py",
         "templates/_gemv.py", "templates/addressing.py",
         "templates/_seam.py", "templates/k1/__init__.py", "templates/k1/layout.py",
-        "templates/k1/addressing.py", "templates/k1/reference.py", "templates/k1/kernel.py")
+        "templates/k1/addressing.py", "templates/k1/reference.py", "templates/reference_math.py",
+        "templates/k1/kernel.py")
     kernel_module = ".kernel"
     persistent = True
     budget = Budget(scratch_bytes=0, spills=0)

@@ -56,7 +56,7 @@ class K2Template(Template):
         "templates/sync_device.py", "templates/sync_words.py", "templates/schedule.py", "templates/_numerics.py",
         "templates/_gemv.py", "templates/addressing.py", "templates/k2/allreduce.py",
         "templates/_seam.py", "templates/k1/__init__.py", "templates/k1/layout.py",
-        "templates/k1/reference.py", "templates/keytable/__init__.py", "templates/keytable/kernel.py",
+        "templates/reference_math.py", "templates/keytable/__init__.py", "templates/keytable/kernel.py",
         "templates/keytable/reference.py", "templates/k2/__init__.py", "templates/k2/layout.py",
         "templates/k2/reference.py", "templates/k2/addressing.py", "templates/k2/kernel.py",
         "templates/k2/moe_layout.py", "templates/k2/moe_reference.py", "templates/k2/moe_addressing.py",

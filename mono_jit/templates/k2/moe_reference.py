@@ -11,8 +11,8 @@ expert's gate / up stays f32 into the SwiGLU, whose output is bf16 and then MXFP
 in top-k order (AITER's stage 2 adds bf16 atomically in no fixed order: the reference takes the
 exact, deterministic order); the rank's partial is bf16(routed + shared) (fused_moe/runner/
 moe_runner.py:790); the all-reduce sums the partials in f32 in rank order, one bf16 rounding.
-Every MX GEMM input is MXFP8 by k1.reference.mxfp8_quantize (one implementation: K1's, the
-seam's). Inside a stage everything is f32, dot products in f64 (as K1's GEMVs).
+Every MX GEMM input is MXFP8 by reference_math.mxfp8_quantize (one implementation: K1's and
+the seams'). Inside a stage everything is f32, dot products in f64 (as K1's GEMVs).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Sequence
 import torch
 
 from ... import deepseek_v4
-from ..k1 import reference as k1
+from ..reference_math import e8m0_value, fp8_gemv, mxfp8_dequantize, mxfp8_quantize
 from ...deepseek_v4 import STREAMS
 from ..geometry import MX_BLOCK
 from ..router import reference as router
@@ -76,7 +76,7 @@ def moe_input(x_norm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     branch chosen by AITER_BF16_FP8_MOE_BOUND=0 at fused_moe/oracle/mxfp4.py:1822). AITER seeds
     its amax with 1e-10 (fused_mx_quant_moe_sort, per the in-tree mono's stages/moe.py docstring):
     that moves only the code of a block whose amax is below 1e-10, none of its values."""
-    return k1.mxfp8_quantize(x_norm)
+    return mxfp8_quantize(x_norm)
 
 
 # -- 2. the router ----------------------------------------------------------------------------
@@ -115,10 +115,10 @@ def shared_expert(codes: torch.Tensor, scales: torch.Tensor, w: MoeWeights) -> t
     one all-reduce follows). vLLM quantises that path's inputs per 128 (group_fp8_quant); here
     they are MXFP8 per 32 like every input of K1 and K2 (as the in-tree mono's shared stage)."""
     s = w.sw2.shape[1]
-    gate_up = k1.fp8_gemv(codes, scales, w.sgu, w.sgu_s, deepseek_v4.HIDDEN, shuffled=True).to(torch.bfloat16)
+    gate_up = fp8_gemv(codes, scales, w.sgu, w.sgu_s, deepseek_v4.HIDDEN, shuffled=True).to(torch.bfloat16)
     h = swiglu(gate_up[:, :s], gate_up[:, s:]).to(torch.bfloat16)
-    h_codes, h_scales = k1.mxfp8_quantize(h)
-    return k1.fp8_gemv(h_codes, h_scales, w.sw2, w.sw2_s, s).to(torch.bfloat16)
+    h_codes, h_scales = mxfp8_quantize(h)
+    return fp8_gemv(h_codes, h_scales, w.sw2, w.sw2_s, s).to(torch.bfloat16)
 
 
 # -- 4. the routed experts --------------------------------------------------------------------
@@ -136,7 +136,7 @@ def fp4_dequantize(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     pairs = torch.stack([e2m1_value(codes & 0xF), e2m1_value(codes >> 4)], dim=-1)  # a byte's two values
     values = torch.nn.functional.embedding(packed.long(), pairs).flatten(-2)  # one lookup a byte
     blocks = values.shape[-1] // MX_BLOCK
-    scale = k1.e8m0_value(scales[..., :blocks])
+    scale = e8m0_value(scales[..., :blocks])
     return (values.unflatten(-1, (blocks, MX_BLOCK)) * scale[..., None]).flatten(-2)
 
 
@@ -200,15 +200,15 @@ def routed_experts(codes: torch.Tensor, scales: torch.Tensor, ids: torch.Tensor,
     rocm_aiter_moe.py:274 rocm_aiter_fused_experts (AITER's A8W4 two-stage MoE: stage 1 gate/up +
     the clamped SiLU -> bf16, MXFP8 of it, stage 2 down x the routing weight, summed per token),
     with each rank's intermediate share as FusedMoE shards it (w13 rows, w2 columns)."""
-    x = k1.mxfp8_dequantize(codes, scales).double()
+    x = mxfp8_dequantize(codes, scales).double()
     inter = w.w2.shape[2] * 2
     picks = torch.zeros(*ids.shape, deepseek_v4.HIDDEN, dtype=torch.float32)
     for expert in expert_union(ids, w.w13.shape[0]):
         w13, w2 = expert_matrices(w, expert)
         rows, slots = torch.nonzero(ids == expert, as_tuple=True)
         gu = x[rows].matmul(w13.double().T).float()
-        h_codes, h_scales = k1.mxfp8_quantize(swiglu(gu[:, :inter], gu[:, inter:]).to(torch.bfloat16))
-        h = k1.mxfp8_dequantize(h_codes, h_scales)
+        h_codes, h_scales = mxfp8_quantize(swiglu(gu[:, :inter], gu[:, inter:]).to(torch.bfloat16))
+        h = mxfp8_dequantize(h_codes, h_scales)
         y = h.double().matmul(w2.double().T).float()
         picks[rows, slots] = y * weights[rows, slots, None].float()
     total = picks[:, 0]

@@ -16,7 +16,8 @@ from typing import Sequence
 import torch
 
 from ... import deepseek_v4
-from ..k1 import reference as k1
+from ..reference_math import (collapse, fold, fp8_gemv, kv_dequantize, kv_read, mxfp8_quantize, rms_norm, rope_angles,
+                              rope_gptj, seam_gate)
 from ...deepseek_v4 import HEAD_DIM, NOPE
 from ..geometry import KV_RECORD, MX_BLOCK, WEIGHT_BLOCK
 from ..keytable.reference import key_table
@@ -120,9 +121,9 @@ def gather(k: Keys, swa_cache: PagedCache, comp_cache: PagedCache) -> tuple[torc
     for r in range(m):
         for j in range(int(k.lens[r])):
             cache = swa_cache if j < int(k.swa[r]) else comp_cache
-            records[r, j] = k1.kv_read(cache.data, int(k.slots[r, j]), cache.page_stride, cache.block)
+            records[r, j] = kv_read(cache.data, int(k.slots[r, j]), cache.page_stride, cache.block)
     valid = torch.arange(width) < k.lens[:, None].long()
-    return k1.kv_dequantize(records.view(-1, KV_RECORD)).view(m, width, HEAD_DIM), valid
+    return kv_dequantize(records.view(-1, KV_RECORD)).view(m, width, HEAD_DIM), valid
 
 
 def scores(q: torch.Tensor, values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -209,9 +210,9 @@ def inverse_rope(o: torch.Tensor, rope: torch.Tensor, positions: torch.Tensor) -
     """f32 [M, heads, 512]: dims 448.. rotated back by the token's angle (GPT-J pairs: K1's
     rope_gptj with the sine negated: e' = e cos + o sin, o' = o cos - e sin), NoPE dims as they
     are. vLLM: v1/attention/ops/rocm_aiter_mla_sparse.py:1505 _inverse_rope_gptj_kernel."""
-    cos, sin = k1.rope_angles(rope, positions)
+    cos, sin = rope_angles(rope, positions)
     out = o.to(torch.float32).clone()
-    out[..., NOPE:] = k1.rope_gptj(o[..., NOPE:], cos[:, None], -sin[:, None])
+    out[..., NOPE:] = rope_gptj(o[..., NOPE:], cos[:, None], -sin[:, None])
     return out
 
 
@@ -223,7 +224,7 @@ def wo_a(codes: torch.Tensor, scales: torch.Tensor, w: K2Weights) -> torch.Tenso
     groups = w.wo_a.shape[0] // O_LORA
     k = codes.shape[1] // groups
     rows, blocks = O_LORA // WEIGHT_BLOCK, k // MX_BLOCK
-    out = [k1.fp8_gemv(codes[:, g * k:(g + 1) * k], scales[:, g * blocks:(g + 1) * blocks],
+    out = [fp8_gemv(codes[:, g * k:(g + 1) * k], scales[:, g * blocks:(g + 1) * blocks],
                        w.wo_a[g * O_LORA:(g + 1) * O_LORA], w.s_woa[g * rows:(g + 1) * rows], k)
            for g in range(groups)]
     return torch.cat(out, dim=1).to(torch.bfloat16)
@@ -233,7 +234,7 @@ def wo_b(codes: torch.Tensor, scales: torch.Tensor, w: K2Weights) -> torch.Tenso
     """The rank's bf16 partial [M, 7168]: MXFP8 of wo_a's output times its wo_b columns
     (AITER-preshuffled). vLLM: models/deepseek_v4/amd/rocm.py:1068 prepare_attn_preshuffle and
     :1236 _bpre_attn_gemm (bf16 out; the sum over ranks follows)."""
-    return k1.fp8_gemv(codes, scales, w.wo_b, w.s_wob, codes.shape[1], shuffled=True).to(torch.bfloat16)
+    return fp8_gemv(codes, scales, w.wo_b, w.s_wob, codes.shape[1], shuffled=True).to(torch.bfloat16)
 
 
 @dataclass
@@ -255,9 +256,9 @@ def rank_attention(x: K2Inputs, w: K2Weights) -> RankOutputs:
     k = keys(x)
     values, valid = gather(k, x.swa_cache, x.comp_cache)
     o = attend(x.q, values, valid, w.attn_sink).to(torch.bfloat16)
-    xo_codes, xo_scales = k1.mxfp8_quantize(inverse_rope(o, w.rope, x.positions).flatten(1))
+    xo_codes, xo_scales = mxfp8_quantize(inverse_rope(o, w.rope, x.positions).flatten(1))
     z = wo_a(xo_codes, xo_scales, w)
-    z_codes, z_scales = k1.mxfp8_quantize(z)
+    z_codes, z_scales = mxfp8_quantize(z)
     return RankOutputs(k, o, xo_codes, xo_scales, z, z_codes, z_scales, wo_b(z_codes, z_scales, w))
 
 
@@ -290,15 +291,15 @@ def ffn_seam(y: torch.Tensor, x: K2Inputs, w: K2Weights) -> Seam:
     ffn_norm, and the MXFP8 of the normed row. vLLM: models/deepseek_v4/amd/model.py:990
     _forward_fused_post_pre (mhc_fused_post_pre with hc_ffn_*, then ffn_norm), whose torch
     semantics are model_executor/kernels/mhc/torch.py:135 mhc_post_torch and :48 mhc_pre_torch."""
-    return seam_of(k1.fold(y, x.residual, x.post, x.comb, True), w)
+    return seam_of(fold(y, x.residual, x.post, x.comb, True), w)
 
 
 def seam_of(r: torch.Tensor, w: K2Weights) -> Seam:
     """The FFN seam from R after the fold (bf16 [M, 4, H]): the mixes with hc_ffn_*, Sinkhorn,
     the collapse, ffn_norm and the MXFP8 of the normed row (what S8 computes from S7's R)."""
-    gate = k1.seam_gate(r, w.hc_ffn_fn, w.hc_ffn_base, w.hc_ffn_scale)
-    x_norm = k1.rms_norm(k1.collapse(r, gate.pre), w.ffn_norm)
-    codes, scales = k1.mxfp8_quantize(x_norm)
+    gate = seam_gate(r, w.hc_ffn_fn, w.hc_ffn_base, w.hc_ffn_scale)
+    x_norm = rms_norm(collapse(r, gate.pre), w.ffn_norm)
+    codes, scales = mxfp8_quantize(x_norm)
     return Seam(r, gate.post, gate.comb, gate.pre, x_norm, codes, scales)
 
 
