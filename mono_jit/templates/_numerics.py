@@ -1,5 +1,5 @@
 """Device numerics the persistent kernels share (FlyDSL; kernel modules only): the bf16 and
-MXFP8 roundings of k1/reference.py, the E8M0 code arithmetic and a CTA-wide sum.
+MXFP8 roundings of templates/reference_math.py, the E8M0 code arithmetic and a CTA-wide sum.
 
 One implementation for K1 and K2: the FFN seam rounds exactly as the attention seam, and every
 MXFP8 operand of either launch is made by `mx_store`.

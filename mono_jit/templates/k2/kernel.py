@@ -84,7 +84,7 @@ class _Shared:
 
 def _key_slice(cache, slot, page_stride, block, s):
     """Lane slice `s` (16 dims) of the record at `slot` as 16 f32: e4m3 x 2^(code - 127) for
-    s < 28 (one UE8M0 code per 64 dims), the bf16 RoPE dims for s >= 28 (k1 reference's
+    s < 28 (one UE8M0 code per 64 dims), the bf16 RoPE dims for s >= 28 (reference_math's
     kv_dequantize). Every byte read through a 64-bit global address from the cache's base
     pointer `cache`, the page offset in i64 (`page_stride` is an i64): a cache may pass the
     2^31 bytes a buffer resource's offsets reach (vLLM 0.33's in-tree mono reads its records
