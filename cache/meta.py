@@ -9,10 +9,11 @@ entry's own bytes (``Entry.meta_json``) are what export and import copy, so noth
 
 from __future__ import annotations
 
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Mapping
 
 from mono_jit.errors import MonoJitError
 from mono_jit.kernel_info import KernelArg, KernelInfo
+from mono_jit.record import Record
 from mono_jit.resources import Residency
 
 from .schema import meta_problem
@@ -24,14 +25,14 @@ class MetaError(MonoJitError, ValueError):
     """A parsed meta.json that does not fit the entry format; the message names the field."""
 
 
-class HsacoDigest(NamedTuple):
+class HsacoDigest(Record):
     """The code object's size and sha256 (hex), as meta.json records them."""
 
     size: int
     sha256: str
 
 
-class LaunchDims(NamedTuple):
+class LaunchDims(Record):
     """A launch's grid, block and dynamic LDS bytes (the same for every launch of an entry)."""
 
     grid: tuple[int, int, int]
@@ -51,7 +52,7 @@ class LaunchDims(NamedTuple):
         return cls(_dim3(data["grid"]), _dim3(data["block"]), data["dynamic_lds"])
 
 
-class KernelLaunch(NamedTuple):
+class KernelLaunch(Record):
     """One launch the launcher makes: the kernel's name and its dimensions."""
 
     kernel: str
@@ -65,7 +66,7 @@ class KernelLaunch(NamedTuple):
         return cls(data["kernel"], LaunchDims.from_json(data))
 
 
-class StoredArgument(NamedTuple):
+class StoredArgument(Record):
     """One launcher argument as recorded: a tensor (pointer + i32 extent), an i32 or an i64.
     `unbounded`: a tensor the kernel reaches through 64-bit addresses only (its extent slot is 0)."""
 
@@ -88,7 +89,7 @@ class StoredArgument(NamedTuple):
         return cls(data["name"], data["kind"], data["dtype"], data["doc"], bool(data.get("unbounded", False)))
 
 
-class EntryMeta(NamedTuple):
+class EntryMeta(Record):
     """Everything meta.json records about one entry."""
 
     key: str

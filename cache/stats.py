@@ -21,7 +21,9 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
+
+from mono_jit.record import Record
 
 from .fs import make_dirs, read_regular, write_new
 
@@ -74,7 +76,7 @@ class Counters:
         return cls(**values)
 
 
-class Totals(NamedTuple):
+class Totals(Record):
     """What `mono-jit stats` shows: the merged counters and since when they count."""
 
     counters: Counters

@@ -25,11 +25,12 @@ import stat
 import sys
 import time
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import Iterator
 
 from mono_jit.config import Settings
-from mono_jit.errors import InvalidCodeObject, MonoJitError, UntrustedRoot
 from mono_jit.elf_header import MACH_BY_ARCH, check_header
+from mono_jit.errors import InvalidCodeObject, MonoJitError, UntrustedRoot
+from mono_jit.record import Record
 
 from .digest import sha256
 from .fs import UnsafeFile, make_dirs, read_regular, remove, write_new
@@ -126,7 +127,7 @@ class CorruptEntry(MonoJitError):
     """An entry failed verification or its trust check (the store turns it into a miss)."""
 
 
-class Layer(NamedTuple):
+class Layer(Record):
     root: Path
     writable: bool
     allow_shared: bool = False  # MONO_JIT_ALLOW_SHARED_ROOTS: owner and mode are not checked
@@ -139,7 +140,7 @@ class Layer(NamedTuple):
         return self.base / arch / key[:2] / key
 
 
-class Entry(NamedTuple):
+class Entry(Record):
     """A published entry, verified when it was loaded."""
 
     layer: Layer

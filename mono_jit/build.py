@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
-from mono_jit.cache import Entry, Store, key_factors, cache_key
+from mono_jit.cache import Entry, Store, cache_key, key_factors
 from mono_jit.cache.digest import sha256
 from mono_jit.cache.meta import EntryMeta, HsacoDigest, KernelLaunch, LaunchDims, StoredArgument
+from mono_jit.record import Record
 from mono_jit.resources import Residency
 
 from . import __version__, resources
@@ -29,7 +30,7 @@ if TYPE_CHECKING:  # workers pulls in multiprocessing, hsaco defines records: bo
     from .workers import Outcome
 
 
-class BuildJob(NamedTuple):
+class BuildJob(Record):
     template: Template
     spec: Spec
     factors: dict

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Callable, Mapping
+
+from mono_jit.record import Record
 
 if TYPE_CHECKING:
     from mono_jit.cache.oci.reference import Reference
 
 
-class Setting(NamedTuple):
+class Setting(Record):
     """One setting: its value, the variable that sets it and where the value came from."""
 
     name: str

@@ -1,22 +1,22 @@
 """What a code object states of each kernel: its kernarg layout and resource use.
 
 Plain records, apart from the reader that makes them (hsaco.py), so that a cache hit can parse a
-stored entry's metadata without the code-object reader (NamedTuples, as every record a hit
-defines: see mono_jit/resolution.py).
+stored entry's metadata without the code-object reader (Records, as every record a hit
+defines: see mono_jit/record.py).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from .record import Record
 
 
-class KernelArg(NamedTuple):
+class KernelArg(Record):
     offset: int
     size: int
     value_kind: str
 
 
-class KernelInfo(NamedTuple):
+class KernelInfo(Record):
     """One kernel's resource use and launch ABI, as the code object states it."""
 
     name: str

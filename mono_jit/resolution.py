@@ -22,21 +22,22 @@ A hit imports neither torch, FlyDSL, MLIR nor the compile side (compiler, worker
 miss.py), nor the code object records (hsaco.py: a load checks the ELF header only), and not
 glob, hashlib, logging, shutil or uuid either (tests/test_warm_load.py, bench/warm_load.py).
 Every record a hit defines (Spec, the entry's metadata, the store's Entry, the template's
-declarations, the toolchain, Resolved) is a NamedTuple, or a plain class (Counters, mutable;
-the schema's shapes, internal): Python 3.11 generates and compiles a dataclass's methods when
-the class is defined, about five times a NamedTuple's cost and twenty times a plain class's,
-and with 27 of them that was most of a fresh process's first hit.
+declarations, the toolchain, Resolved) is a Record (mono_jit/record.py), or a plain class
+(Counters, mutable; the schema's shapes, internal): Python 3.11 generates and compiles a
+dataclass's methods when the class is defined, and a NamedTuple's ``__new__``: with 23 records
+they cost a fresh process's first hit 3 ms in 17 (tests/test_warm_load.py wants none of either).
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from mono_jit.cache import Entry, Store
 from mono_jit.cache.stats import Counters, count_in
 from mono_jit.cache.store import info
+from mono_jit.record import Record
 
 from .build import BuildJob
 from .config import Settings
@@ -47,10 +48,11 @@ from .toolchain import Toolchain, resolve_toolchain
 
 if TYPE_CHECKING:
     from mono_jit.cache.meta import EntryMeta
+
     from .miss import Misses
 
 
-class Resolved(NamedTuple):
+class Resolved(Record):
     entry: Entry
     compiled: bool  # True when this call compiled it
 

@@ -8,7 +8,9 @@ lane per SIMD (allocated in granules of 8), at most 8 waves per SIMD, 160 KiB of
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
+
+from mono_jit.record import Record
 
 from .errors import ResourceError
 
@@ -23,14 +25,14 @@ MAX_WAVES_PER_SIMD = 8
 LDS_PER_CU = 160 * 1024
 
 
-class Budget(NamedTuple):
+class Budget(Record):
     """What a template allows beyond the hardware: scratch bytes and spilled registers."""
 
     scratch_bytes: int = 0
     spills: int = 0
 
 
-class Residency(NamedTuple):
+class Residency(Record):
     """How a CTA of `block` threads occupies one CU."""
 
     waves_per_cta: int

@@ -8,7 +8,9 @@ of M rows runs the smallest built bucket >= M, with M a runtime argument (:func:
 from __future__ import annotations
 
 import math
-from typing import Iterable, NamedTuple
+from typing import Iterable
+
+from mono_jit.record import Record
 
 from . import deepseek_v4
 from .errors import SpecError
@@ -38,19 +40,15 @@ def hca_topk_width(max_model_len: int) -> int:
     return math.ceil(rows / deepseek_v4.HCA_TOPK_ALIGNMENT) * deepseek_v4.HCA_TOPK_ALIGNMENT
 
 
-class _SpecFields(NamedTuple):
+class Spec(Record):
+    """One specialisation of the layer's kernels, validated when made. A Record (immutable,
+    ordered and hashed by its fields), as every record a cache hit defines (mono_jit/record.py)."""
+
     tp: int
     ratio: int
     topk_width: int
     max_tokens: int
     arch: str = "gfx950"
-
-
-class Spec(_SpecFields):
-    """One specialisation of the layer's kernels, validated when made. A NamedTuple (immutable,
-    ordered and hashed by its fields), as every record a cache hit defines (mono_jit/resolution.py)."""
-
-    __slots__ = ()
 
     def __new__(cls, tp: int, ratio: int, topk_width: int, max_tokens: int, arch: str = "gfx950") -> "Spec":
         spec = super().__new__(cls, tp, ratio, topk_width, max_tokens, arch)

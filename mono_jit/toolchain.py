@@ -17,11 +17,12 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, NamedTuple, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from mono_jit.cache.digest import sha256
 from mono_jit.cache.fs import make_dirs, read_regular, remove, write_new
 from mono_jit.cache.store import unique_suffix
+from mono_jit.record import Record
 
 from .config import Settings
 from .errors import ToolchainError
@@ -34,12 +35,12 @@ _UNSAFE_ENV = ("ARCH", "COMPILE_ONLY", "HSA_OVERRIDE_GFX_VERSION")
 _UNSAFE_ENV_PREFIXES = ("FLYDSL_",)
 
 
-class Linker(NamedTuple):
+class Linker(Record):
     path: Path
     version: str  # e.g. "22.1.8"
 
 
-class Toolchain(NamedTuple):
+class Toolchain(Record):
     """Resolved compile toolchain: its pieces, its fingerprint (the key factors: content digests
     and versions, never paths), and where its ROCm root is or will be staged."""
 

@@ -16,9 +16,10 @@ import sys
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, ClassVar, Mapping, NamedTuple, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 from mono_jit.cache.digest import sha256
+from mono_jit.record import Record
 
 from ..errors import KernargError
 from ..resources import Budget
@@ -27,14 +28,14 @@ from ..spec import Spec
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # mono_jit/: the built-ins' source root
 # What every built-in template's build imports from mono_jit besides its own package (checked
 # against the real imports by tests/test_source_digest.py).
-COMMON_SOURCES = ("errors.py", "kernel_info.py", "deepseek_v4.py", "resources.py", "spec.py",
+COMMON_SOURCES = ("errors.py", "kernel_info.py", "deepseek_v4.py", "record.py", "resources.py", "spec.py",
                   "templates/_dsl.py", "templates/base.py", "templates/geometry.py")
 
 
 _source_digests: dict[tuple, str] = {}  # (package dir, files, their stat signatures) -> digest
 
 
-class LaunchShape(NamedTuple):
+class LaunchShape(Record):
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     dynamic_lds: int = 0
@@ -43,7 +44,7 @@ class LaunchShape(NamedTuple):
         return self._asdict()
 
 
-class Argument(NamedTuple):
+class Argument(Record):
     """One launcher argument, in order: a 1-D tensor (pointer + i32 length), an i32 scalar, or an
     i64 scalar (a raw device address or byte count, as kernels written for another host pass).
 
@@ -73,7 +74,7 @@ class Argument(NamedTuple):
         return cls(name, "i64", "int64", doc)
 
 
-class WorkBuffer(NamedTuple):
+class WorkBuffer(Record):
     """A device buffer the runner owns for a template's launches of one build (one per rank).
 
     `zeroed_once`: zeroed when allocated and never written by the host again (sync areas whose
@@ -90,7 +91,7 @@ class WorkBuffer(NamedTuple):
     peers: str = ""
 
 
-class Build(NamedTuple):
+class Build(Record):
     """What Template.build returns: the @flyc.jit launcher and the placeholders to compile it with."""
 
     launcher: Any

@@ -13,14 +13,15 @@ from __future__ import annotations
 import os
 import re
 import sys
-from typing import NamedTuple
+
+from mono_jit.record import Record
 
 GROUP = "mono_jit.templates"
 _METADATA_SUFFIXES = (".dist-info", ".egg-info")
 _memo: dict[tuple[str, ...], tuple["Declaration", ...]] = {}
 
 
-class Declaration(NamedTuple):
+class Declaration(Record):
     """One entry point of the group: `name = module:attribute` in `distribution`'s metadata."""
 
     name: str
