@@ -149,6 +149,9 @@ def test_a_plugins_source_files_and_kernel_module_are_its_own(plugins):
     ({"fields": "max_tokens"}, "spec_fields='max_tokens': expected a tuple of strings"),
     ({"files": ("__init__.py", "kernels.py")}, "source file 'kernels.py' is not a file in"),
     ({"files": ("../mono_jit/spec.py",)}, "expected a path inside"),
+    ({"files": ("__init__.py", "./sub/../../x.py")}, "expected a path inside"),
+    ({"files": ("/etc/passwd",)}, "expected a path inside"),
+    ({"files": ("",)}, "expected a path inside"),
     ({"files": ()}, "source_files is empty"),
     ({"kernel": ".kernels"}, "kernel_module '.kernels': no module plug_bad.kernels"),
 ])

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import re
-from pathlib import PurePosixPath
 from typing import Any
 
 from ..errors import TemplateError
@@ -82,11 +82,12 @@ def _check_source_files(cls: type[Template], where: str) -> None:
         root = cls.source_root()
     except ValueError as exc:
         raise TemplateError(f"{where}: {exc}") from None
-    for rel in files:
-        parts = PurePosixPath(rel).parts
-        if not parts or PurePosixPath(rel).is_absolute() or ".." in parts:
+    folder = os.fspath(root)
+    for rel in files:  # strings, not paths: every serving process checks its templates' files once
+        parts = [part for part in rel.split("/") if part not in ("", ".")]
+        if not parts or rel.startswith("/") or ".." in parts:
             raise TemplateError(f"{where}: source file {rel!r}: expected a path inside {root} (relative, no '..')")
-        if not (root / rel).is_file():
+        if not os.path.isfile(os.path.join(folder, rel)):
             raise TemplateError(f"{where}: source file {rel!r} is not a file in {root} (source_files are relative "
                                 "to the folder of the class's top-level package)")
 
