@@ -59,7 +59,7 @@ def _s6_row(lay: K1Layout, task):
     return task // lay.head_groups
 
 
-def _s6_awaits(lay: K1Layout, task, m):
+def _s6_awaits(lay: K1Layout, task, m, data):
     """The S5 tasks of the task's 8 heads."""
     first_head = (task % lay.head_groups) * HEADS_PER_TASK
     return first_head * lay.s5_tasks_per_head, HEADS_PER_TASK * lay.s5_tasks_per_head
@@ -72,18 +72,20 @@ def _row(lay: K1Layout, task):
 SCHEDULE: tuple[sched.Stage, ...] = (
     sched.Stage(1, "fold + mix partials", tasks=lambda lay: lay.seam_groups * SEAM_CHUNKS,
                    writes=("partials",)),
-    sched.Stage(2, "seam", tasks=lambda lay: lay.rows, waits_on=1, row_of=_row,
-                   awaits=lambda lay, row, m: ((row // SEAM_GROUP) * SEAM_CHUNKS, SEAM_CHUNKS),
+    sched.Stage(2, "seam", tasks=lambda lay: lay.rows, row_of=_row,
+                   waits=(sched.Wait(1, lambda lay, row, m, data: ((row // SEAM_GROUP) * SEAM_CHUNKS, SEAM_CHUNKS)),),
                    reads=("partials",), writes=("x_codes", "x_scales")),
-    sched.Stage(3, "fused_wqa_wkv GEMV", tasks=lambda lay: S3_TILES * S3_PARTS, waits_on=2,
-                   awaits=lambda lay, task, m: (0, m), reads=("x_codes", "x_scales"), writes=("qkv_raw",)),
-    sched.Stage(4, "norms + KV insert", tasks=lambda lay: lay.rows, waits_on=3, row_of=_row,
-                   awaits=lambda lay, row, m: (0, lay.tasks(3)), reads=("qkv_raw",),
+    sched.Stage(3, "fused_wqa_wkv GEMV", tasks=lambda lay: S3_TILES * S3_PARTS,
+                   waits=(sched.Wait(2, sched.rows_below_m),), reads=("x_codes", "x_scales"),
+                   writes=("qkv_raw",)),
+    sched.Stage(4, "norms + KV insert", tasks=lambda lay: lay.rows, row_of=_row,
+                   waits=(sched.Wait(3, lambda lay, row, m, data: (0, lay.tasks(3))),), reads=("qkv_raw",),
                    writes=("qr_codes", "qr_scales")),
-    sched.Stage(5, "wq_b GEMV", tasks=lambda lay: lay.q_width // (2 * TILE_N), waits_on=4,
-                   awaits=lambda lay, task, m: (0, m), reads=("qr_codes", "qr_scales"), writes=("q_raw",)),
-    sched.Stage(6, "q heads", tasks=lambda lay: lay.rows * lay.head_groups, waits_on=5, row_of=_s6_row,
-                   awaits=_s6_awaits, publishes=False, reads=("q_raw",)),
+    sched.Stage(5, "wq_b GEMV", tasks=lambda lay: lay.q_width // (2 * TILE_N),
+                   waits=(sched.Wait(4, sched.rows_below_m),), reads=("qr_codes", "qr_scales"),
+                   writes=("q_raw",)),
+    sched.Stage(6, "q heads", tasks=lambda lay: lay.rows * lay.head_groups, row_of=_s6_row,
+                   waits=(sched.Wait(5, _s6_awaits),), publishes=False, reads=("q_raw",)),
 )
 
 F32_REGIONS: tuple[sched.Region, ...] = (

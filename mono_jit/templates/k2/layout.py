@@ -180,20 +180,25 @@ def _row(lay: "K2Layout", task):
     return task
 
 
-def _s3_awaits(lay: "K2Layout", task, m):
+def _s2_awaits(lay: "K2Layout", task, m, data):
+    """The key table of the task's row."""
+    return lay.s2_task(task)[0], 1
+
+
+def _s3_awaits(lay: "K2Layout", task, m, data):
     """Every chunk of the task's row and head tile."""
     row, head = lay.s3_task(task)
     return (row * lay.head_tiles + head // HEAD_TILE) * lay.chunks, lay.chunks
 
 
-def _s4_awaits(lay: "K2Layout", task, m):
+def _s4_awaits(lay: "K2Layout", task, m, data):
     """The merges of the task's K half's 4 heads for the rows below m (contiguous)."""
     tile, half = lay.s4_task(task)
     block = tile * TILE_N // O_LORA * WOA_PARTS + half
     return block * lay.rows * MERGE_BLOCK, MERGE_BLOCK * m
 
 
-def _s8_awaits(lay: "K2Layout", row, m):
+def _s8_awaits(lay: "K2Layout", row, m, data):
     """K1's S2 wait (all column chunks of the row's group) on K2's S7 flags."""
     first, count = lay.seam.awaits(2, row, m)
     return first - lay.seam.flag_base(1), count
@@ -201,25 +206,25 @@ def _s8_awaits(lay: "K2Layout", row, m):
 
 SCHEDULE: tuple[sched.Stage, ...] = (
     sched.Stage(1, "key table", tasks=lambda lay: lay.rows, writes=("key_slots", "key_counts")),
-    sched.Stage(2, "attention", tasks=lambda lay: lay.rows * lay.head_tiles * lay.chunks, waits_on=1,
-                row_of=lambda lay, task: lay.s2_task(task)[0],
-                awaits=lambda lay, task, m: (lay.s2_task(task)[0], 1),
+    sched.Stage(2, "attention", tasks=lambda lay: lay.rows * lay.head_tiles * lay.chunks,
+                row_of=lambda lay, task: lay.s2_task(task)[0], waits=(sched.Wait(1, _s2_awaits),),
                 reads=("key_slots", "key_counts"), writes=("attn_ml", "attn_acc")),
-    sched.Stage(3, "merge", tasks=lambda lay: lay.rows * lay.heads, waits_on=2,
-                row_of=lambda lay, task: lay.s3_task(task)[0], awaits=_s3_awaits,
+    sched.Stage(3, "merge", tasks=lambda lay: lay.rows * lay.heads,
+                row_of=lambda lay, task: lay.s3_task(task)[0], waits=(sched.Wait(2, _s3_awaits),),
                 reads=("attn_ml", "attn_acc"), writes=("xo_codes", "xo_scales")),
-    sched.Stage(4, "wo_a", tasks=lambda lay: lay.o_tiles * WOA_PARTS, waits_on=3, awaits=_s4_awaits,
+    sched.Stage(4, "wo_a", tasks=lambda lay: lay.o_tiles * WOA_PARTS, waits=(sched.Wait(3, _s4_awaits),),
                 reads=("xo_codes", "xo_scales"), writes=("woa_raw",)),
-    sched.Stage(5, "z quant", tasks=lambda lay: lay.rows, waits_on=4, row_of=_row,
-                awaits=lambda lay, row, m: (0, lay.tasks(4)), reads=("woa_raw",), writes=("z_codes", "z_scales")),
-    sched.Stage(6, "wo_b", tasks=lambda lay: WOB_TILES, waits_on=5, awaits=lambda lay, task, m: (0, m),
+    sched.Stage(5, "z quant", tasks=lambda lay: lay.rows, row_of=_row,
+                waits=(sched.Wait(4, lambda lay, row, m, data: (0, lay.tasks(4))),), reads=("woa_raw",),
+                writes=("z_codes", "z_scales")),
+    sched.Stage(6, "wo_b", tasks=lambda lay: WOB_TILES, waits=(sched.Wait(5, sched.rows_below_m),),
                 publishes=False, pushes=lambda lay, task, rank: lay.s6_pushes(task, rank),
                 reads=("z_codes", "z_scales"), writes=("partial",)),
     sched.Stage(7, "reduce + seam", tasks=lambda lay: lay.seam.s1_tasks,
                 row_of=lambda lay, task: lay.s7_task(task)[0] * SEAM_GROUP,
                 peer_awaits=lambda lay, task, rank: lay.s7_peer_awaits(task, rank),
                 pushes=lambda lay, task, rank: lay.s7_pushes(task, rank), writes=("partials",)),
-    sched.Stage(8, "seam gate", tasks=lambda lay: lay.rows, waits_on=7, row_of=_row, awaits=_s8_awaits,
+    sched.Stage(8, "seam gate", tasks=lambda lay: lay.rows, row_of=_row, waits=(sched.Wait(7, _s8_awaits),),
                 reads=("partials",), writes=("ffn_codes", "ffn_scales")),
 )
 
