@@ -21,7 +21,7 @@ import pytest
 from mono_jit.templates.k1 import addressing as ad
 from mono_jit.templates.geometry import CTAS
 from mono_jit.templates.k1.layout import BYTE_REGIONS, F32_REGIONS, SCHEDULE, K1Layout
-from mono_jit.templates.schedule import hand_off_errors
+from mono_jit.templates.schedule import Wait, hand_off_errors
 from mono_jit.templates.sync_words import ARRIVE_WORD, EPOCH_WORD, EXIT_WORD
 
 
@@ -180,11 +180,12 @@ def _mutated(stage: int, **change) -> tuple:
 
 
 WRONG_TABLES = {
-    "S2 waits on nothing": _mutated(2, waits_on=None),
-    "S3 waits for one row fewer": _mutated(3, awaits=lambda lay, task, m: (0, m - 1)),
-    "S4 misses the last S3 flag": _mutated(4, awaits=lambda lay, row, m: (0, lay.tasks(3) - 1)),
-    "S5 waits on nothing": _mutated(5, waits_on=None),
-    "S6 waits for half its heads": _mutated(6, awaits=lambda lay, task, m: ((task % lay.head_groups) * 128, 64)),
+    "S2 waits on nothing": _mutated(2, waits=()),
+    "S3 waits for one row fewer": _mutated(3, waits=(Wait(2, lambda lay, task, m, data: (0, m - 1)),)),
+    "S4 misses the last S3 flag": _mutated(4, waits=(Wait(3, lambda lay, row, m, data: (0, lay.tasks(3) - 1)),)),
+    "S5 waits on nothing": _mutated(5, waits=()),
+    "S6 waits for half its heads": _mutated(6, waits=(
+        Wait(5, lambda lay, task, m, data: ((task % lay.head_groups) * 128, 64)),)),
 }
 
 
@@ -207,7 +208,7 @@ def test_the_model_runs_the_table_the_kernel_runs():
     lay = K1Layout(8, 16)
     kinds = {step[0] for cta in range(CTAS) for step in lay.program(cta, 16)}
     assert kinds == {"wait", "run", "publish"}
-    waiting = {s.number for s in SCHEDULE if s.waits_on is not None}
+    waiting = {s.number for s in SCHEDULE if s.waits}
     assert waiting == {2, 3, 4, 5, 6}
     runs = {(step[1], step[2]) for cta in range(CTAS) for step in lay.program(cta, 16) if step[0] == "run"}
     assert {stage for stage, _ in runs} == {s.number for s in SCHEDULE}

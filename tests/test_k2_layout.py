@@ -144,5 +144,5 @@ def test_each_part_one_stage_reads_only_scratch_its_producer_wrote():
     not scratch); a table whose S8 waits on nothing does not."""
     regions = F32_REGIONS + I32_REGIONS + BYTE_REGIONS
     assert hand_off_errors(SCHEDULE, regions) == []
-    wrong = tuple(replace(s, waits_on=None) if s.number == 8 else s for s in SCHEDULE)
+    wrong = tuple(replace(s, waits=()) if s.number == 8 else s for s in SCHEDULE)
     assert hand_off_errors(wrong, regions) == ["S8 reads partials but waits on None, not its writer 7"]

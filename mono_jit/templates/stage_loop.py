@@ -13,7 +13,7 @@ indices; `run_stage` reads from it `lay`, `Sync`, `tag`, `tid`, `cta`, `m` and `
 
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from flydsl.expr import const_expr, gpu
 
@@ -21,6 +21,7 @@ from ._dsl import dsl
 from .geometry import CTAS
 from .schedule import Stage, Wait, awaited
 from .sync_device import publish, wait
+
 
 class Frame(SimpleNamespace):
     """The values a kernel's stages read: its arguments, LDS and scratch views, lane indices and
@@ -38,8 +39,9 @@ def _same_frame(k: Frame) -> Frame:
 @dataclass(frozen=True)
 class StageWork:
     """What a stage's tasks do: `task(k, task, row)` for each task that runs (`row` is the task's
-    row where the stage has rows, else None), with `k` the frame `setup` made once for the stage
-    before its loop (its own lane indices, views and weights; by default the kernel's frame)."""
+    row where the kernel skips tasks by row, `Stage.guards_tasks`, else None), with `k` the frame
+    `setup` made once for the stage before its loop (its own lane indices, views and weights; by
+    default the kernel's frame)."""
 
     task: Callable[[Frame, Any, Any], None]
     setup: Callable[[Frame], Frame] = _same_frame
@@ -52,33 +54,36 @@ def await_producers(k: Frame, waits: tuple[Wait, ...], task) -> None:
         wait(k.Sync, first, count, k.tag, k.tid, *stride)
 
 
+def hand_off(k: Frame, stage: Stage, task) -> None:
+    """What follows a task: its flag (in a stage of one task in every build, the stage's one
+    flag); in a stage that publishes none, the CTA barrier, unless the stage pushes (the work's
+    pushes are its hand-off)."""
+    if stage.publishes:
+        flag = k.lay.flag_base(stage.number)
+        publish(k.Sync, flag if stage.one_task else flag + task, k.tag, k.tid)
+    elif stage.pushes is None:
+        gpu.barrier()
+
+
 @dsl
 def run_stage(k: Frame, stage: Stage, stages: frozenset[int], work: StageWork) -> Frame:
     """One stage's loop over this CTA's tasks, as its record states it, in a build holding
     `stages`: a task whose row is below m (every task of a stage without rows, or that pushes)
-    waits for the flags of its producers this build holds and works; then it publishes its flag
-    (a stage of one task in every build: its one flag), or, in a stage that neither publishes
-    nor pushes, meets the CTA barrier. Returns the stage's frame (its setup's).
+    waits for the flags of its producers this build holds and works; then it hands off
+    (`hand_off`). Returns the stage's frame (its setup's).
 
     (The loop body calls no method of a local: FlyDSL would carry that local through the loop.)"""
     k = work.setup(k)
-    run, waits, tasks = work.task, stage.waits_kept(stages), stage.count(k.lay)
-    row_of = stage.row_of if stage.guards_tasks else None
-    publishes, single, barrier = stage.publishes, stage.one_task, not stage.publishes and stage.pushes is None
-    flag_base = k.lay.flag_base(stage.number) if publishes else None
-    for task in range(k.cta, tasks, CTAS):
-        if const_expr(row_of is None):
-            await_producers(k, waits, task)
-            run(k, task, None)
-        else:
+    run, waits, guarded = work.task, stage.waits_kept(stages), stage.guards_tasks
+    row_of = cast(Callable[[Any, Any], Any], stage.row_of)  # not None where guarded
+    for task in range(k.cta, stage.count(k.lay), CTAS):
+        if const_expr(guarded):
             row = row_of(k.lay, task)
             if row < k.m:
                 await_producers(k, waits, task)
                 run(k, task, row)
-        if const_expr(publishes and single):
-            publish(k.Sync, flag_base, k.tag, k.tid)
-        elif const_expr(publishes):
-            publish(k.Sync, flag_base + task, k.tag, k.tid)
-        elif const_expr(barrier):
-            gpu.barrier()
+        else:
+            await_producers(k, waits, task)
+            run(k, task, None)
+        hand_off(k, stage, task)
     return k

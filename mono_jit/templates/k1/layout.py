@@ -6,7 +6,7 @@ tests all read the same figures from here.
 Stages (CTA b runs tasks b, b + 256, ...). SCHEDULE below is the one statement of their order,
 task counts, waits, publishes and scratch regions: the kernel's stage loops, the sync words, the
 scratch offsets, the protocol model (`program`) and the stage-subset builds all follow it
-(templates/schedule.py).
+(templates/schedule.py, templates/stage_loop.py).
 
   S1 fold + mix partials  task = (row group of 16, column chunk of 128): 56 x groups tasks.
                           512 threads = 4 streams x 128 columns; each thread keeps its 24

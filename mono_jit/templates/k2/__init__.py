@@ -53,8 +53,8 @@ class K2Template(Template):
     name = "k2"
     spec_fields = ("tp", "ratio", "topk_width", "max_tokens")
     source_files = COMMON_SOURCES + (
-        "templates/sync_device.py", "templates/sync_words.py", "templates/schedule.py", "templates/_numerics.py",
-        "templates/_gemv.py", "templates/addressing.py", "templates/k2/allreduce.py",
+        "templates/sync_device.py", "templates/sync_words.py", "templates/schedule.py", "templates/stage_loop.py",
+        "templates/_numerics.py", "templates/_gemv.py", "templates/addressing.py", "templates/k2/allreduce.py",
         "templates/_seam.py", "templates/k1/__init__.py", "templates/k1/layout.py",
         "templates/reference_math.py", "templates/keytable/__init__.py", "templates/keytable/kernel.py",
         "templates/keytable/reference.py", "templates/k2/__init__.py", "templates/k2/layout.py",

@@ -1,4 +1,6 @@
-"""FlyDSL source of K2 part one (contract in the package docstring, decomposition in layout.py).
+"""FlyDSL source of K2 (contract in the package docstring, decomposition in layout.py and
+moe_layout.py): each stage's work per task (STAGE_WORK), whose loops stage_loop.run_stage runs
+from the schedule table; part two's device code lives in moe_kernel.py.
 
 (No `from __future__ import annotations` here: fx.struct and @flyc.kernel read real annotations.)
 

@@ -6,8 +6,9 @@ Stages (CTA b runs tasks b, b + 256, ...; a stage waits only on earlier stages o
 or on peers' pushes of earlier stages, so with all CTAs of every rank resident nothing can
 deadlock). Part one's SCHEDULE below states each stage's task count, wait, peer polls, pushes,
 flags and scratch regions once; K2's whole table (moe_layout.SCHEDULE) is these stages and then
-the MoE's: the sync words, the scratch offsets, the program the protocol model runs and the
-kernel's waits, publishes and stage-subset waits follow it (templates/schedule.py). Every task
+the MoE's: the sync words, the scratch offsets, the program the protocol model runs, the
+kernel's stage loops and the stage-subset builds follow it (templates/schedule.py,
+templates/stage_loop.py). Every task
 publishes its flag, and every push is made, on every launch for all `rows` of the bucket, pad
 rows (m <= row < rows) included with no wait and zero data: so every flag and every peer pair a launch may read was rewritten by the launch before it
 on that word (sync area) or that half (peer buffer), and a 32-bit tag can wrap (see "Tags").

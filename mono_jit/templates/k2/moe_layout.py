@@ -28,8 +28,8 @@ Semantics: moe_reference.py; device code: moe_kernel.py.
 
 SCHEDULE below is K2's whole table: part one's stages (layout.py) and then these, each with its
 task count, waits, pushes, flags and scratch regions (templates/schedule.py). The sync words, the
-scratch offsets, the protocol model's `program`, the kernel's waits, publishes and task loops and
-the stage-subset builds all follow it.
+scratch offsets, the protocol model's `program`, the kernel's stage loops (templates/stage_loop.py)
+and the stage-subset builds all follow it.
 
 A routed task waits only on the producer tasks that write what it reads. S16 (a pick) reads the
 gate / up S15 wrote for its expert's union slot: it waits on the union (S11 also writes each
