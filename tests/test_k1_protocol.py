@@ -18,6 +18,7 @@ from dataclasses import replace
 
 import pytest
 
+from mono_jit.templates import seam_layout
 from mono_jit.templates.k1 import addressing as ad
 from mono_jit.templates.geometry import CTAS
 from mono_jit.templates.k1.layout import BYTE_REGIONS, F32_REGIONS, SCHEDULE, K1Layout
@@ -103,10 +104,10 @@ class Launch:
 
 def producers(lay: K1Layout, stage: int, task: int, m: int) -> list[tuple[int, int]]:
     """The (stage, task)s whose scratch output a live task of `stage` reads, from what each task
-    writes (the task decoding of addressing.py and the stage list of layout.py's docstring)."""
+    writes (the task decoding of addressing.py and seam_layout.py and the stage list of layout.py's docstring)."""
     groups, heads = math.ceil(lay.rows / 16), lay.heads
     if stage == 2:  # the 56 column chunks of the row's group of 16 (S1's partials)
-        return [(1, t) for t in range(groups * 56) if ad.s1_task(t)[0] == task // 16]
+        return [(1, t) for t in range(groups * 56) if seam_layout.fold_task(t)[0] == task // 16]
     if stage == 3:  # the MXFP8 normed rows below m (rows past m reach only unstored outputs)
         return [(2, row) for row in range(m)]
     if stage == 4:  # all 2048 outputs of the row, both K halves: every S3 tile

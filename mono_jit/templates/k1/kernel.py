@@ -52,7 +52,7 @@ from ..sync_device import arrive, leave, step_tag
 from ..base import Build, in_order
 from ..schedule import NO_DATA, Stage
 from ..stage_loop import Frame, StageWork, run_stage
-from .. import addressing
+from .. import addressing, seam_layout
 from . import K1Template, addressing as k1_addressing
 from ...deepseek_v4 import EPS, HEAD_DIM, KV_LORA, MIXES, NOPE, Q_LORA, ROPE, STREAMS
 from ..geometry import (CTAS, KV_RECORD, KV_SCALE_BLOCK, KV_SCALES, LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS,
@@ -83,7 +83,7 @@ def _qkv_raw8(f32x4, lay, row, col):
 def _s1_fold(k, task, _row):
     """S1 task: fold and mix partials of one row group and 128-column chunk."""
     lay = k.lay
-    group, chunk = k1_addressing.s1_task(task)
+    group, chunk = seam_layout.fold_task(task)
     col = chunk * SEAM_CHUNK + k.tid % SEAM_CHUNK
     fn = mix_weights(flat_view(k.HcFn), k.stream, col)
     x_at = lambda row: load_scalar(flat_view(k.X), row * H + col, fx.BFloat16).to(fx.Float32)  # noqa: E731

@@ -34,9 +34,9 @@ from typing import ClassVar
 from ...deepseek_v4 import HEAD_DIM, HEADS, HIDDEN, KV_LORA, Q_LORA
 from ...resources import LDS_PER_CU
 from ...spec import Spec
-from .. import schedule as sched
-from ..geometry import (LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS, MX_BLOCK, PARTIALS, SEAM_CHUNKS,
-                        SEAM_GROUP, TILE_K, TILE_N, WAVES)
+from .. import schedule as sched, seam_layout
+from ..geometry import (LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS, MX_BLOCK, PARTIALS, SEAM_CHUNKS, TILE_K,
+                        TILE_N, WAVES)
 
 QKV = Q_LORA + KV_LORA  # fused_wqa_wkv outputs
 S3_TILES = QKV // TILE_N  # 128
@@ -70,10 +70,9 @@ def _row(lay: K1Layout, task):
 
 
 SCHEDULE: tuple[sched.Stage, ...] = (
-    sched.Stage(1, "fold + mix partials", tasks=lambda lay: lay.seam_groups * SEAM_CHUNKS,
-                   writes=("partials",)),
+    sched.Stage(1, "fold + mix partials", tasks=seam_layout.fold_tasks, writes=("partials",)),
     sched.Stage(2, "seam", tasks=lambda lay: lay.rows, row_of=_row,
-                   waits=(sched.Wait(1, lambda lay, row, m, data: ((row // SEAM_GROUP) * SEAM_CHUNKS, SEAM_CHUNKS)),),
+                   waits=(sched.Wait(1, seam_layout.gate_awaits),),
                    reads=("partials",), writes=("x_codes", "x_scales")),
     sched.Stage(3, "fused_wqa_wkv GEMV", tasks=lambda lay: S3_TILES * S3_PARTS,
                    waits=(sched.Wait(2, sched.rows_below_m),), reads=("x_codes", "x_scales"),
@@ -134,10 +133,6 @@ class K1Layout(sched.ScheduledLayout):
         return math.ceil(self.rows / TILE_N)
 
     # -- task tables (the schedule's) -------------------------------------------------------
-    @property
-    def seam_groups(self) -> int:
-        return math.ceil(self.rows / SEAM_GROUP)
-
     @property
     def s5_tasks_per_head(self) -> int:
         return HEAD_DIM // (2 * TILE_N)  # 16

@@ -602,7 +602,7 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
     from lay.schedule (stage_loop.run_stage) with its work from STAGE_WORK; a subset is a
     standalone launch of those stages that reads its inputs from the buffers as the caller
     prepared them (k1/kernel.make_kernel), for the per-stage tests on a GPU."""
-    rows, row_tiles = lay.rows, lay.seam.row_tiles
+    rows, row_tiles = lay.rows, lay.row_tiles
     half_words = lay.half_bytes // PAIR_BYTES
 
     @flyc.kernel

@@ -33,11 +33,12 @@ on that word (sync area) or that half (peer buffer), and a 32-bit tag can wrap (
   S6 wo_b           task = N tile of 16 of the 7168 outputs (K = groups x 1024 in one task):
                     the bf16 tile to `partial`, then pushed as (bf16x2, tag) pairs: one hop, to
                     every rank's PART[this rank]; two hops, to the columns' owner's RS[this rank].
-  S7 reduce + seam  K1's S1 table (row group of 16, column chunk of 128), imported: the task
+  S7 reduce + seam  the seam's fold tasks (row group of 16, column chunk of 128; K1's S1, both
+                    stated once in templates/seam_layout.py): the task
                     reads its rows x 128 columns of y (one hop: PART of the 8 ranks, summed in
                     rank order; two hops: its owner sums RS in rank order and pushes the bf16
                     sums to every rank's AG, the others read AG), folds, mixes.
-  S8 seam gate      K1's S2 table (task = row): gate, Sinkhorn, collapse, ffn_norm, MXFP8 (the
+  S8 seam gate      the seam's gate stage (task = row; K1's S2): gate, Sinkhorn, collapse, ffn_norm, MXFP8 (the
                     flag is part two's hand-off to the MoE).
 
 Tags: a launch reads its area's epoch e once; its flags and pairs carry e + 1 (mod 2^32, the
@@ -85,10 +86,9 @@ from ... import deepseek_v4
 from ...deepseek_v4 import HEAD_DIM
 from ...spec import Spec
 from ..geometry import (CTAS, LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS, MX_BLOCK, PAIR_BYTES, PARTIALS, PEERS,
-                        SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, TILE_N)
-from ..k1.layout import K1Layout
+                        SEAM_CHUNK, SEAM_CHUNKS, TILE_N)
 from ...resources import LDS_PER_CU
-from .. import schedule as sched
+from .. import schedule as sched, seam_layout
 
 HEAD_TILE = 16  # heads an attention MFMA takes
 KEY_GRANULE = 64  # a chunk is a multiple of 64 keys
@@ -199,12 +199,6 @@ def _s4_awaits(lay: "K2Layout", task, m, data):
     return block * lay.rows * MERGE_BLOCK, MERGE_BLOCK * m
 
 
-def _s8_awaits(lay: "K2Layout", row, m, data):
-    """K1's S2 wait (all column chunks of the row's group) on K2's S7 flags."""
-    first, count = lay.seam.awaits(2, row, m)
-    return first - lay.seam.flag_base(1), count
-
-
 SCHEDULE: tuple[sched.Stage, ...] = (
     sched.Stage(1, "key table", tasks=lambda lay: lay.rows, writes=("key_slots", "key_counts")),
     sched.Stage(2, "attention", tasks=lambda lay: lay.rows * lay.head_tiles * lay.chunks,
@@ -221,11 +215,10 @@ SCHEDULE: tuple[sched.Stage, ...] = (
     sched.Stage(6, "wo_b", tasks=lambda lay: WOB_TILES, waits=(sched.Wait(5, sched.rows_below_m),),
                 publishes=False, pushes=lambda lay, task, rank: lay.s6_pushes(task, rank),
                 reads=("z_codes", "z_scales"), writes=("partial",)),
-    sched.Stage(7, "reduce + seam", tasks=lambda lay: lay.seam.s1_tasks,
-                row_of=lambda lay, task: lay.s7_task(task)[0] * SEAM_GROUP,
+    sched.Stage(7, "reduce + seam", tasks=seam_layout.fold_tasks, row_of=seam_layout.fold_row,
                 peer_awaits=lambda lay, task, rank: lay.s7_peer_awaits(task, rank),
                 pushes=lambda lay, task, rank: lay.s7_pushes(task, rank), writes=("partials",)),
-    sched.Stage(8, "seam gate", tasks=lambda lay: lay.rows, row_of=_row, waits=(sched.Wait(7, _s8_awaits),),
+    sched.Stage(8, "seam gate", tasks=lambda lay: lay.rows, row_of=_row, waits=(sched.Wait(7, seam_layout.gate_awaits),),
                 reads=("partials",), writes=("ffn_codes", "ffn_scales")),
 )
 
@@ -237,7 +230,7 @@ F32_REGIONS: tuple[sched.Region, ...] = (
     sched.Region("woa_raw", lambda lay: WOA_PARTS * lay.rows * lay.o_width,
                  "[2 K halves, rows, o_width] wo_a's f32 halves (S5 sums them)"),
     sched.Region("partials", lambda lay: lay.rows * SEAM_CHUNKS * PARTIALS,
-                 "[rows, 56, 25] the FFN seam's mix partials (K1Layout.partials' layout)"),
+                 "[rows, 56, 25] the FFN seam's mix partials (K1's partials' layout)"),
 )
 
 I32_REGIONS: tuple[sched.Region, ...] = (
@@ -316,9 +309,9 @@ class K2Layout(sched.ScheduledLayout):
         return math.ceil(self.keys / self.chunk)
 
     @property
-    def seam(self) -> K1Layout:
-        """K1's seam decomposition, reused for the FFN seam (one definition, both launches)."""
-        return K1Layout(self.tp, self.rows)
+    def row_tiles(self) -> int:
+        """16-token column blocks of the MFMA B operand."""
+        return math.ceil(self.rows / TILE_N)
 
     @property
     def two_hop(self) -> bool:
@@ -381,8 +374,8 @@ class K2Layout(sched.ScheduledLayout):
         return task // WOA_PARTS, task % WOA_PARTS
 
     def s7_task(self, task):
-        """(row group of 16, column chunk of 128), K1's S1 numbering (its S2's awaits)."""
-        return task // SEAM_CHUNKS, task % SEAM_CHUNKS
+        """(row group of 16, column chunk of 128): the seam's fold task (seam_layout)."""
+        return seam_layout.fold_task(task)
 
     def wob_owner(self, tile: int) -> int:
         return tile * TILE_N // self.owned_cols
@@ -521,7 +514,7 @@ class K2Layout(sched.ScheduledLayout):
     @property
     def operand_rows(self) -> int:
         """Token rows a GEMV's B operand reads: whole 16-token tiles (K1Layout.operand_rows)."""
-        return math.ceil(self.rows / TILE_N) * TILE_N
+        return self.row_tiles * TILE_N
 
     @property
     def xo_codes(self) -> int:

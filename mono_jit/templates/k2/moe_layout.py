@@ -50,8 +50,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ... import deepseek_v4
-from .. import schedule as sched
-from ..geometry import CTAS, SEAM_GROUP, TILE_N
+from .. import schedule as sched, seam_layout
+from ..geometry import CTAS, TILE_N
 from .layout import BYTE_REGIONS, F32_REGIONS, I32_REGIONS, WOB_TILES, K2Layout
 from .layout import SCHEDULE as PART_ONE
 
@@ -138,8 +138,7 @@ MOE_STAGES: tuple[sched.Stage, ...] = (
     sched.Stage(18, "MoE partial", tasks=lambda lay: WOB_TILES,
                 waits=(sched.Wait(14, _s18_shared_awaits), sched.Wait(17, _s18_down_awaits)), publishes=False,
                 pushes=lambda lay, task, rank: lay.s18_pushes(task, rank), reads=("ids", "routed_y", "shared_raw")),
-    sched.Stage(19, "MoE reduce", tasks=lambda lay: lay.seam.s1_tasks,
-                row_of=lambda lay, task: lay.s7_task(task)[0] * SEAM_GROUP,
+    sched.Stage(19, "MoE reduce", tasks=seam_layout.fold_tasks, row_of=seam_layout.fold_row,
                 peer_awaits=lambda lay, task, rank: lay.s19_peer_awaits(task, rank),
                 pushes=lambda lay, task, rank: lay.s19_pushes(task, rank)),
 )
