@@ -110,8 +110,8 @@ class Stage:
       task polls before its work; `pushes(lay, task, rank)`: (peer, region, unit)s every task
       stores into the peers' buffers after it (the cross-rank hand-offs of a TP launch). The
       pushes carry the task's rows (zeros past m), so the kernel runs a pushing stage's work for
-      every task, and the work skips the rest of a row past m itself (`guards_tasks`); such a
-      stage's task has no flag to wait for before it;
+      every task, and the work skips the rest of a row past m itself (`guards_tasks`); a pushing
+      stage with rows therefore waits on no flag (its tasks past m could not skip the wait);
     - `reads` / `writes`: the scratch regions it hands over.
     """
 
