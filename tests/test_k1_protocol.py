@@ -18,10 +18,11 @@ from dataclasses import replace
 
 import pytest
 
+from mono_jit.templates import seam_layout
 from mono_jit.templates.k1 import addressing as ad
 from mono_jit.templates.geometry import CTAS
 from mono_jit.templates.k1.layout import BYTE_REGIONS, F32_REGIONS, SCHEDULE, K1Layout
-from mono_jit.templates.schedule import hand_off_errors
+from mono_jit.templates.schedule import Wait, hand_off_errors
 from mono_jit.templates.sync_words import ARRIVE_WORD, EPOCH_WORD, EXIT_WORD
 
 
@@ -103,10 +104,10 @@ class Launch:
 
 def producers(lay: K1Layout, stage: int, task: int, m: int) -> list[tuple[int, int]]:
     """The (stage, task)s whose scratch output a live task of `stage` reads, from what each task
-    writes (the task decoding of addressing.py and the stage list of layout.py's docstring)."""
+    writes (the task decoding of addressing.py and seam_layout.py and the stage list of layout.py's docstring)."""
     groups, heads = math.ceil(lay.rows / 16), lay.heads
     if stage == 2:  # the 56 column chunks of the row's group of 16 (S1's partials)
-        return [(1, t) for t in range(groups * 56) if ad.s1_task(t)[0] == task // 16]
+        return [(1, t) for t in range(groups * 56) if seam_layout.fold_task(t)[0] == task // 16]
     if stage == 3:  # the MXFP8 normed rows below m (rows past m reach only unstored outputs)
         return [(2, row) for row in range(m)]
     if stage == 4:  # all 2048 outputs of the row, both K halves: every S3 tile
@@ -180,11 +181,12 @@ def _mutated(stage: int, **change) -> tuple:
 
 
 WRONG_TABLES = {
-    "S2 waits on nothing": _mutated(2, waits_on=None),
-    "S3 waits for one row fewer": _mutated(3, awaits=lambda lay, task, m: (0, m - 1)),
-    "S4 misses the last S3 flag": _mutated(4, awaits=lambda lay, row, m: (0, lay.tasks(3) - 1)),
-    "S5 waits on nothing": _mutated(5, waits_on=None),
-    "S6 waits for half its heads": _mutated(6, awaits=lambda lay, task, m: ((task % lay.head_groups) * 128, 64)),
+    "S2 waits on nothing": _mutated(2, waits=()),
+    "S3 waits for one row fewer": _mutated(3, waits=(Wait(2, lambda lay, task, m, data: (0, m - 1)),)),
+    "S4 misses the last S3 flag": _mutated(4, waits=(Wait(3, lambda lay, row, m, data: (0, lay.tasks(3) - 1)),)),
+    "S5 waits on nothing": _mutated(5, waits=()),
+    "S6 waits for half its heads": _mutated(6, waits=(
+        Wait(5, lambda lay, task, m, data: ((task % lay.head_groups) * 128, 64)),)),
 }
 
 
@@ -207,7 +209,7 @@ def test_the_model_runs_the_table_the_kernel_runs():
     lay = K1Layout(8, 16)
     kinds = {step[0] for cta in range(CTAS) for step in lay.program(cta, 16)}
     assert kinds == {"wait", "run", "publish"}
-    waiting = {s.number for s in SCHEDULE if s.waits_on is not None}
+    waiting = {s.number for s in SCHEDULE if s.waits}
     assert waiting == {2, 3, 4, 5, 6}
     runs = {(step[1], step[2]) for cta in range(CTAS) for step in lay.program(cta, 16) if step[0] == "run"}
     assert {stage for stage, _ in runs} == {s.number for s in SCHEDULE}

@@ -48,15 +48,15 @@ def test_wo_a_through_k2s_addressing_and_the_mfma_model_is_each_groups_gemv(shuf
     tasks = [0, 1, 2, 3] + [lay.s4_tasks // 2 + t for t in range(4)]  # group 0 and group 1, both halves
     out = torch.zeros(2, lay.operand_rows, lay.o_width, dtype=torch.float64)
     writes = torch.zeros_like(out, dtype=torch.int64)
-    slots = torch.arange(((lay.seam.row_tiles * 256 + THREADS - 1) // THREADS) * THREADS)
-    tile, t, src_lane, e, real = ad.split_k_sum(slots, WAVES, lay.seam.row_tiles)
+    slots = torch.arange(((lay.row_tiles * 256 + THREADS - 1) // THREADS) * THREADS)
+    tile, t, src_lane, e, real = ad.split_k_sum(slots, WAVES, lay.row_tiles)
     for task in tasks:
         n0, part, group = k2a.woa_task(lay, task)
         codes_at, scales_at, width = k2a.woa_operand(lay, group)
         assert width == scratch.k
-        lds = task_accumulators(weight, scratch.at(codes_at, scales_at), lay.seam.row_tiles, task,
+        lds = task_accumulators(weight, scratch.at(codes_at, scales_at), lay.row_tiles, task,
                                 lambda task, wave: (n0, k2a.woa_steps(part, wave), part))
-        total = sum(lds[ad.lds_acc_slot(w, t, src_lane, e, lay.seam.row_tiles)] for w in range(WAVES))
+        total = sum(lds[ad.lds_acc_slot(w, t, src_lane, e, lay.row_tiles)] for w in range(WAVES))
         i, j = ad.result_lane(src_lane, e)
         token = t * 16 + j
         keep = real & (token < m)
@@ -78,7 +78,7 @@ def test_wo_b_pair_slots_push_each_bf16_pair_once_and_pad_tokens_as_zeros(shuffl
     weight = Fp8Weight(plain, scales, lay.o_width, pad=256, shuffled=shuffled)
     scratch = Mxfp8Scratch(z_codes, z_scales, m, lay.operand_rows, lay.o_width)
     want = rmath.fp8_gemv(z_codes, z_scales, plain, scales, lay.o_width).to(torch.bfloat16)
-    row_tiles = lay.seam.row_tiles
+    row_tiles = lay.row_tiles
     for task in (0, 1, 55, 56, 447):
         lds = task_accumulators(weight, scratch, row_tiles, task,
                                 lambda task, wave: (task * 16, k2a.wob_steps(lay, wave), 0))

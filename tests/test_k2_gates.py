@@ -88,7 +88,7 @@ def test_k2_isa_has_the_instructions_the_design_relies_on(k2_builds, build):
     _, _, listing = k2_builds[build]
     counts = instruction_counts(listing)
     lay = K2Layout(8, build[0], RATIOS[build[0]], build[1])
-    row_tiles = lay.seam.row_tiles
+    row_tiles = lay.row_tiles
     # A row tile's MFMAs: wo_a 16 K steps over 8 waves and wo_b 16: 2 + 2; the shared expert's
     # gate / up 14 a K quarter over 8 waves (a step and a predicated one) and down 3 (waves 0-2,
     # one each, the rest predicated off): 2 + 1; the routed gate and up tiles 56 steps over 8: 2 x 7,
@@ -134,7 +134,7 @@ def test_k2_routed_gemvs_keep_the_next_steps_loads_in_flight(k2_builds, build):
     (vmcnt(0)). Waiting for all of them before each MFMA left the weight stream idle while the
     MFMAs ran."""
     _, _, listing = k2_builds[build]
-    row_tiles = K2Layout(8, build[0], RATIOS[build[0]], build[1]).seam.row_tiles
+    row_tiles = K2Layout(8, build[0], RATIOS[build[0]], build[1]).row_tiles
     waits = vmcnt_before(listing, lambda text: text.startswith("v_mfma_scale") and "cbsz:4" in text)
     assert len(waits) == (14 + 3) * row_tiles
     drained = sum(1 for n in waits if not n)

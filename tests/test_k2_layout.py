@@ -11,6 +11,7 @@ import pytest
 
 from mono_jit import deepseek_v4
 from mono_jit.spec import STANDARD_MAX_TOKENS, Spec
+from mono_jit.templates import seam_layout
 from mono_jit.templates.geometry import CTAS, SEAM_CHUNK, SEAM_GROUP, THREADS, TILE_N
 from mono_jit.templates.k2.layout import (BYTE_REGIONS, F32_REGIONS, HEAD_TILE, I32_REGIONS, O_LORA, SCHEDULE,
                                           TWO_HOP_ROWS, WOA_PARTS, WOB_TILES, K2Layout, allreduce_seconds,
@@ -119,9 +120,9 @@ def test_peer_pairs_fit_their_half_and_units_cover_once(lay):
                 assert first + count <= lay.peer_units(region)
         assert set(read.values()) == {1}
         chunks_owned = lay.owned_cols // SEAM_CHUNK
-        per_group = lay.tp * chunks_owned * 8 + (lay.s7_tasks // lay.seam.seam_groups - chunks_owned) \
+        per_group = lay.tp * chunks_owned * 8 + (lay.s7_tasks // seam_layout.groups(lay.rows) - chunks_owned) \
             if lay.two_hop else lay.tp * WOB_TILES
-        assert len(read) == lay.seam.seam_groups * per_group
+        assert len(read) == seam_layout.groups(lay.rows) * per_group
 
 
 def test_two_hop_threshold_on_paper():
@@ -144,5 +145,5 @@ def test_each_part_one_stage_reads_only_scratch_its_producer_wrote():
     not scratch); a table whose S8 waits on nothing does not."""
     regions = F32_REGIONS + I32_REGIONS + BYTE_REGIONS
     assert hand_off_errors(SCHEDULE, regions) == []
-    wrong = tuple(replace(s, waits_on=None) if s.number == 8 else s for s in SCHEDULE)
+    wrong = tuple(replace(s, waits=()) if s.number == 8 else s for s in SCHEDULE)
     assert hand_off_errors(wrong, regions) == ["S8 reads partials but waits on None, not its writer 7"]

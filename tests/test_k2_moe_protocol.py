@@ -198,27 +198,29 @@ def _next_slots_gate_up(lay: K2MoeLayout, pick, m, data) -> tuple:
 
 
 def _downs_but_slot_0(lay: K2MoeLayout, task, m, data) -> tuple:
-    first, count, stride = stage(SCHEDULE, 18).then[0].flags(lay, task, m, data)
+    first, count, stride = _S18_DOWN.flags(lay, task, m, data)
     return first + stride, count - 1, stride
 
 
-_S16_SLOT = stage(SCHEDULE, 16).then[0]  # S16's wait on its expert's slot's gate / up tasks
+_S16_UNION, _S16_SLOT = stage(SCHEDULE, 16).waits  # S16's waits: the union, its expert's slot's gate / up tasks
+_S18_SHARED, _S18_DOWN = stage(SCHEDULE, 18).waits  # S18's: its shared down task, its tiles' routed down tasks
 WRONG_TABLES = {  # name: (stage, its wrong fields, the lagging CTA whose task the wait misses), at 1 row
-    "S9 waits on nothing": (9, {"waits_on": None}, lambda lay: 0),
-    "S10 misses the last logits task": (10, {"awaits": lambda lay, row, m: (0, lay.s9_tasks - 1)},
+    "S9 waits on nothing": (9, {"waits": ()}, lambda lay: 0),
+    "S10 misses the last logits task": (10, {"waits": (Wait(9, lambda lay, row, m, data: (0, lay.s9_tasks - 1)),)},
                                         lambda lay: (lay.s9_tasks - 1) % CTAS),
-    "S16 skips its slot's gate/up": (16, {"then": ()}, lambda lay: lay.inter // TILE_N - 1),
+    "S16 skips its slot's gate/up": (16, {"waits": (_S16_UNION,)}, lambda lay: lay.inter // TILE_N - 1),
     # the last chosen expert's slot's last gate/up task lags: a pick's SwiGLU reads the previous
     # launch's gate/up
-    "S16 waits on one gate/up task too few": (16, {"then": (Wait(15, _gate_up_short),)},
+    "S16 waits on one gate/up task too few": (16, {"waits": (_S16_UNION, Wait(15, _gate_up_short))},
                                               lambda lay: (_slot(1, max(_picks(1))) + 1) * lay.inter // TILE_N - 1),
     # the first chosen expert's first gate/up task lags
-    "S16 waits on the next slot's gate/up": (16, {"then": (Wait(15, _next_slots_gate_up),)}, lambda lay: 0),
-    "S17 waits on nothing": (17, {"waits_on": None}, lambda lay: 0),
-    "S18 skips the down tasks": (18, {"then": ()}, lambda lay: 0),
+    "S16 waits on the next slot's gate/up": (16, {"waits": (_S16_UNION, Wait(15, _next_slots_gate_up))},
+                                             lambda lay: 0),
+    "S17 waits on nothing": (17, {"waits": ()}, lambda lay: 0),
+    "S18 skips the down tasks": (18, {"waits": (_S18_SHARED,)}, lambda lay: 0),
     # S17 task 0 (slot 0, tiles 0-7) lags: the partial sums the previous launch's down output of the
     # first chosen expert
-    "S18 skips slot 0's down task": (18, {"then": (Wait(17, _downs_but_slot_0),)}, lambda lay: 0),
+    "S18 skips slot 0's down task": (18, {"waits": (_S18_SHARED, Wait(17, _downs_but_slot_0))}, lambda lay: 0),
 }
 
 
@@ -249,9 +251,9 @@ def test_each_stage_reads_only_scratch_a_stage_it_waits_on_wrote():
     lay = K2MoeLayout(8, 4, 1024, 1)
     regions = lay.f32_regions + lay.i32_regions + lay.byte_regions
     assert hand_off_errors(SCHEDULE, regions) == []
-    assert hand_off_errors(_mutated(lay, 16, then=()).schedule, regions) == [
+    assert hand_off_errors(_mutated(lay, 16, waits=(_S16_UNION,)).schedule, regions) == [
         "S16 reads gu but waits on 11, not its writer 15"]
-    assert hand_off_errors(_mutated(lay, 18, then=()).schedule, regions) == [
+    assert hand_off_errors(_mutated(lay, 18, waits=(_S18_SHARED,)).schedule, regions) == [
         "S18 reads ids but waits on 14, not its writer 10", "S18 reads routed_y but waits on 14, not its writer 17"]
 
 

@@ -27,6 +27,7 @@ import pytest
 
 from mono_jit.templates.geometry import CTAS, SEAM_GROUP, TILE_N
 from mono_jit.templates.k2.layout import HEAD_TILE, O_LORA, WOA_PARTS, K2Layout
+from mono_jit.templates.schedule import Wait
 from mono_jit.templates.sync_words import ARRIVE_WORD, EPOCH_WORD, EXIT_WORD
 
 Program = Callable[[K2Layout, int, int, int], list]
@@ -334,17 +335,17 @@ def _mutated(lay: K2Layout, stage: int, **change) -> K2Layout:
 
 
 WRONG_TABLES = {  # name: (stage, its wrong fields, the lagging CTA whose task the wait misses)
-    "S2 waits on nothing": (2, {"waits_on": None}, lambda lay: 1),
-    "S3 misses a row's last chunk": (3, {"awaits": lambda lay, task, m: (
-        (lay.s3_task(task)[0] * lay.head_tiles + lay.s3_task(task)[1] // HEAD_TILE) * lay.chunks, lay.chunks - 1)},
+    "S2 waits on nothing": (2, {"waits": ()}, lambda lay: 1),
+    "S3 misses a row's last chunk": (3, {"waits": (Wait(2, lambda lay, task, m, data: (
+        (lay.s3_task(task)[0] * lay.head_tiles + lay.s3_task(task)[1] // HEAD_TILE) * lay.chunks, lay.chunks - 1)),)},
         lambda lay: lay.chunks - 1),
-    "S4 waits for one row fewer": (4, {"awaits": lambda lay, task, m: (
-        (task // WOA_PARTS * TILE_N // O_LORA * WOA_PARTS + task % WOA_PARTS) * lay.rows * 4, 4 * (m - 1))},
+    "S4 waits for one row fewer": (4, {"waits": (Wait(3, lambda lay, task, m, data: (
+        (task // WOA_PARTS * TILE_N // O_LORA * WOA_PARTS + task % WOA_PARTS) * lay.rows * 4, 4 * (m - 1))),)},
         lambda lay: 4),
-    "S5 misses the last wo_a flag": (5, {"awaits": lambda lay, row, m: (0, lay.s4_tasks - 1)},
+    "S5 misses the last wo_a flag": (5, {"waits": (Wait(4, lambda lay, row, m, data: (0, lay.s4_tasks - 1)),)},
                                      lambda lay: (lay.s4_tasks - 1) % CTAS),
-    "S6 waits on nothing": (6, {"waits_on": None}, lambda lay: 0),
-    "S8 waits on nothing": (8, {"waits_on": None}, lambda lay: 1),
+    "S6 waits on nothing": (6, {"waits": ()}, lambda lay: 0),
+    "S8 waits on nothing": (8, {"waits": ()}, lambda lay: 1),
 }
 
 

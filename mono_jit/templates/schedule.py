@@ -8,9 +8,10 @@ stages wait on the tasks of the experts the step chose): such a wait reads those
 `Lookup`, which the kernel answers with loads of its scratch and the model with the step's ints.
 From that one table come the sync area's flag offsets (`flag_bases`), the scratch offsets
 (`region_offsets`), every CTA's sequence of hand-offs (`program`, which the protocol tests run
-on a model of the grid) and, in the kernel module, the stage loops themselves, so what the
-tests check is what the GPU runs. `ScheduledLayout` is the layouts' one set of accessors over
-these (tasks, flag bases, waits, program, scratch offsets).
+on a model of the grid) and the kernels' stage loops themselves (stage_loop.run_stage runs
+every stage of K1 and K2 from its record), so what the tests check is what the GPU runs.
+`ScheduledLayout` is the layouts' one set of accessors over these (tasks, flag bases, waits,
+program, scratch offsets).
 
 A stage-subset build (a standalone launch of some stages, for testing a stage alone) keeps a
 stage's wait only when the producer is in the subset (`Wait.on`). `hand_off_errors` checks
@@ -88,52 +89,62 @@ class Wait:
     flags: Callable[[Layout, Any, Any, Lookup], tuple]
 
 
+def rows_below_m(lay: Layout, task, m, data: Lookup) -> tuple:
+    """A wait's flags on a stage whose tasks are rows: those of the rows below m."""
+    return 0, m
+
+
 @dataclass(frozen=True)
 class Stage:
     """One stage of a persistent launch: CTA b runs its tasks b, b + CTAS, ...
 
-    - `tasks(lay)`: how many tasks (and, if it publishes, flags) the stage has;
-    - `waits_on`: the stage whose flags a task waits for first, or None;
-    - `awaits(lay, task, m)`: (first, count) of those flags, counted from the producer's first
-      flag; plain arithmetic, so the kernel traces it on DSL values and the model runs it on ints;
-    - `then`: further `Wait`s, in order after that one (on other stages, or on flags that
-      depend on what an earlier stage wrote);
+    - `tasks`: how many tasks (and, if it publishes, flags) the stage has, a function of the
+      layout or, for a stage of one task in every build, the number 1 (`count`);
+    - `waits`: the `Wait`s of a live task, in order (on earlier stages' flags, some of them
+      depending on what an earlier stage wrote in this launch);
     - `row_of(lay, task)`: the token row of a task that is skipped (no wait, no work) when the
       row is at or past m, or None when every task runs;
-    - `publishes`: a flag per task after its work;
+    - `publishes`: a flag per task after its work; a stage that publishes none meets the CTA
+      barrier after each task, unless it pushes (its pushes are the hand-off);
     - `peer_awaits(lay, task, rank)`: (region, first unit, count)s of its own peer buffer a live
       task polls before its work; `pushes(lay, task, rank)`: (peer, region, unit)s every task
-      stores into the peers' buffers after it (the cross-rank hand-offs of a TP launch);
+      stores into the peers' buffers after it (the cross-rank hand-offs of a TP launch). The
+      pushes carry the task's rows (zeros past m), so the kernel runs a pushing stage's work for
+      every task, and the work skips the rest of a row past m itself (`guards_tasks`); a pushing
+      stage with rows therefore waits on no flag (its tasks past m could not skip the wait);
     - `reads` / `writes`: the scratch regions it hands over.
     """
 
     number: int
     name: str
-    tasks: Callable[[Layout], int]
-    waits_on: int | None = None
-    awaits: Callable[[Layout, Any, Any], tuple[Any, Any]] | None = None
+    tasks: Callable[[Layout], int] | int
+    waits: tuple[Wait, ...] = ()
     row_of: Callable[[Layout, Any], Any] | None = None
     publishes: bool = True
     peer_awaits: Callable[[Layout, int, int], list[tuple]] | None = None
     pushes: Callable[[Layout, int, int], list[tuple]] | None = None
     reads: tuple[str, ...] = ()
     writes: tuple[str, ...] = ()
-    then: tuple[Wait, ...] = ()
 
-    def waits_in(self, stages: frozenset[int]) -> bool:
-        """Whether this stage's first wait is kept in a build holding `stages` (its producer is
-        among them)."""
-        return self.waits_on is not None and self.waits_on in stages
+    def __post_init__(self) -> None:
+        if self.pushes is not None and self.row_of is not None and self.waits:
+            raise ValueError(f"S{self.number} pushes for every task, so its tasks past m cannot skip their waits")
+
+    def count(self, lay: Layout) -> int:
+        """The stage's tasks in `lay`'s build."""
+        return self.tasks if isinstance(self.tasks, int) else self.tasks(lay)
 
     @property
-    def waits(self) -> tuple[Wait, ...]:
-        """Every wait of a task, in order: the first (`waits_on`, `awaits`), then `then`."""
-        if self.waits_on is None:
-            return self.then
-        awaits = self.awaits
-        if awaits is None:
-            raise ValueError(f"S{self.number} waits on S{self.waits_on} for no flags")
-        return (Wait(self.waits_on, lambda lay, task, m, data: awaits(lay, task, m)), *self.then)
+    def one_task(self) -> bool:
+        """Whether the stage has one task in every build: its task is 0 and publishes the
+        stage's first flag (the kernel adds no task index)."""
+        return self.tasks == 1
+
+    @property
+    def guards_tasks(self) -> bool:
+        """Whether the kernel skips a task (its waits and work) whose row is at or past m: a
+        stage with rows that does not push."""
+        return self.row_of is not None and self.pushes is None
 
     def waits_kept(self, stages: frozenset[int]) -> tuple[Wait, ...]:
         """The waits a build holding `stages` keeps: those whose producer is among them."""
@@ -177,7 +188,7 @@ def flag_bases(schedule: tuple[Stage, ...], lay: Layout) -> dict[int, int]:
     for s in schedule:
         if s.publishes:
             bases[s.number] = word
-            word += s.tasks(lay)
+            word += s.count(lay)
     bases[0] = word
     return bases
 
@@ -192,13 +203,6 @@ def region_offsets(regions: tuple[Region, ...], lay: Layout, align: int = 1) -> 
         at = -(-(at + region.size(lay)) // align) * align
     offsets["end"] = at
     return offsets
-
-
-def awaited_flags(lay: Layout, s: Stage, task, m):
-    """(first sync word, count) a task of stage `s` waits for first."""
-    if s.waits_on is None:
-        raise ValueError(f"S{s.number} waits on no flags")
-    return awaited(lay, s.waits[0], task, m)
 
 
 def awaited(lay: Layout, w: Wait, task, m, data: Lookup = NO_DATA) -> tuple:
@@ -216,7 +220,7 @@ def program(schedule: tuple[Stage, ...], lay: Layout, cta: int, ctas: int, m: in
     work, ("push", peer, region, unit), ("publish", flag word, 1)."""
     steps: list[tuple] = []
     for s in schedule:
-        for task in range(cta, s.tasks(lay), ctas):
+        for task in range(cta, s.count(lay), ctas):
             if s.row_of is None or s.row_of(lay, task) < m:
                 steps += [("wait", *awaited(lay, w, task, m, data)) for w in s.waits]
                 if s.peer_awaits is not None:
@@ -243,7 +247,7 @@ class ScheduledLayout:
     byte_align: ClassVar[int] = 1
 
     def tasks(self, number: int) -> int:
-        return stage(self.schedule, number).tasks(self)
+        return stage(self.schedule, number).count(self)
 
     # -- sync words (int32): epoch, exit and arrival counters, then a flag per producer task --
     @cached_property
@@ -260,7 +264,10 @@ class ScheduledLayout:
 
     def awaits(self, number: int, task, m):
         """(first flag, count) a task of stage `number` waits for first in a launch of m rows."""
-        return awaited_flags(self, stage(self.schedule, number), task, m)
+        s = stage(self.schedule, number)
+        if not s.waits:
+            raise ValueError(f"S{number} waits on no flags")
+        return awaited(self, s.waits[0], task, m)
 
     def waits(self, number: int, task, m, data: Lookup = NO_DATA) -> list[tuple]:
         """(first flag, count[, stride]) of each wait of a task of stage `number`, in order; `data`

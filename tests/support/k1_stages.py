@@ -24,15 +24,15 @@ def compile_stages(template: str, spec_data: dict, stages: tuple[int, ...]) -> t
 
 def compile_without_wait(template: str, spec_data: dict, stages: tuple[int, ...], waitless: int | None) -> bytes:
     """HSACO of the template's kernel holding `stages`, built from its schedule with stage
-    `waitless` (if any) made to wait on nothing (neither its first wait nor any after it): a
-    wrong table, to see that the kernel's waits are the table's."""
+    `waitless` (if any) made to wait on nothing (none of its waits): a wrong table, to see that
+    the kernel's waits are the table's."""
     import importlib
     from dataclasses import replace
 
     from mono_jit.compiler import compile_build
 
     kernel = importlib.import_module(f"mono_jit.templates.{template}.kernel")
-    schedule = tuple(replace(s, waits_on=None, then=()) if s.number == waitless else s for s in kernel.SCHEDULE)
+    schedule = tuple(replace(s, waits=()) if s.number == waitless else s for s in kernel.SCHEDULE)
     return compile_build(kernel.build(Spec.from_dict(spec_data), frozenset(stages), schedule))[0]
 
 

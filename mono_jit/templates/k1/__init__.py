@@ -23,8 +23,8 @@ class K1Template(Template):
     name = "k1"
     spec_fields = ("tp", "max_tokens")
     source_files = COMMON_SOURCES + (
-        "templates/sync_device.py", "templates/sync_words.py", "templates/schedule.py", "templates/_numerics.py",
-        "templates/_gemv.py", "templates/addressing.py",
+        "templates/sync_device.py", "templates/sync_words.py", "templates/schedule.py", "templates/stage_loop.py",
+        "templates/seam_layout.py", "templates/_numerics.py", "templates/_gemv.py", "templates/addressing.py",
         "templates/_seam.py", "templates/k1/__init__.py", "templates/k1/layout.py",
         "templates/k1/addressing.py", "templates/k1/reference.py", "templates/reference_math.py",
         "templates/k1/kernel.py")

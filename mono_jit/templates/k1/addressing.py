@@ -9,13 +9,8 @@ from __future__ import annotations
 
 from ...deepseek_v4 import Q_LORA
 from ..addressing import split_steps
-from ..geometry import SEAM_CHUNKS, TILE_K, TILE_N, WAVES
+from ..geometry import TILE_K, TILE_N, WAVES
 from .layout import S3_PART_STEPS, S3_TILES
-
-
-def s1_task(task):
-    """(row group, column chunk) of S1 task `task`."""
-    return task // SEAM_CHUNKS, task % SEAM_CHUNKS
 
 
 def s3_task(task):

@@ -35,13 +35,11 @@ cover".
 """
 
 from dataclasses import replace
-from functools import partial
-from types import SimpleNamespace
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 import torch
-from flydsl.expr import const_expr, gpu, range_constexpr
+from flydsl.expr import const_expr, range_constexpr
 
 from ... import deepseek_v4
 from ...spec import Spec
@@ -50,10 +48,11 @@ from .._gemv import Fp8Weight, Mxfp8Rows, gemv_reduce, gemv_steps
 from .._numerics import VEC, bf16_round, bf16x8, e8m0, e8m0_inverse, amax8, fp8x8, block_sum, load8_f32, \
     mx_store, rope8, rsqrt
 from .._seam import fold_row, mix_weights, seam_row
-from ..sync_device import arrive, leave, publish, step_tag, wait
+from ..sync_device import arrive, leave, step_tag
 from ..base import Build, in_order
-from ..schedule import Stage
-from .. import addressing
+from ..schedule import NO_DATA, Stage
+from ..stage_loop import Frame, StageWork, run_stage
+from .. import addressing, seam_layout
 from . import K1Template, addressing as k1_addressing
 from ...deepseek_v4 import EPS, HEAD_DIM, KV_LORA, MIXES, NOPE, Q_LORA, ROPE, STREAMS
 from ..geometry import (CTAS, KV_RECORD, KV_SCALE_BLOCK, KV_SCALES, LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS,
@@ -80,15 +79,11 @@ def _qkv_raw8(f32x4, lay, row, col):
 
 # -- the stages' work (what a live task does; the schedule in layout.py says when) ----------------
 
-class _Frame(SimpleNamespace):
-    """The kernel's arguments, scratch views and thread indices that the stage bodies read."""
-
-
 @dsl
 def _s1_fold(k, task, _row):
     """S1 task: fold and mix partials of one row group and 128-column chunk."""
     lay = k.lay
-    group, chunk = k1_addressing.s1_task(task)
+    group, chunk = seam_layout.fold_task(task)
     col = chunk * SEAM_CHUNK + k.tid % SEAM_CHUNK
     fn = mix_weights(flat_view(k.HcFn), k.stream, col)
     x_at = lambda row: load_scalar(flat_view(k.X), row * H + col, fx.BFloat16).to(fx.Float32)  # noqa: E731
@@ -144,34 +139,8 @@ def _s6_heads(k, task, row):
     _q_head(k.f32x4, k.Rope, k.Positions, k.QOut, k.lay, row, head, k.lane)
 
 
-STAGE_WORK = {1: _s1_fold, 2: _s2_seam, 3: _s3_qkv, 4: _s4_norms, 5: _s5_qb, 6: _s6_heads}
-
-
-@dsl
-def _run_stage(k, stage, stages):
-    """One stage's loop over this CTA's tasks, as the schedule states it: a live task waits for
-    its producer's flags (when the producer is in this build) and works; then it publishes its
-    flag, or, in a stage that publishes none, meets the CTA barrier.
-
-    (The loop body calls no method of a local: FlyDSL would carry that local through the loop.)"""
-    work, row_of, waits, publishes = STAGE_WORK[stage.number], stage.row_of, stage.waits_in(stages), stage.publishes
-    awaits = partial(k.lay.awaits, stage.number)
-    flag_base = k.lay.flag_base(stage.number) if publishes else None
-    for task in range(k.cta, stage.tasks(k.lay), CTAS):
-        if const_expr(row_of is None):
-            if const_expr(waits):
-                wait(k.Sync, *awaits(task, k.m), k.tag, k.tid)
-            work(k, task, None)
-        else:
-            row = row_of(k.lay, task)
-            if row < k.m:
-                if const_expr(waits):
-                    wait(k.Sync, *awaits(task, k.m), k.tag, k.tid)
-                work(k, task, row)
-        if const_expr(publishes):
-            publish(k.Sync, flag_base + task, k.tag, k.tid)
-        else:
-            gpu.barrier()
+STAGE_WORK = {1: StageWork(_s1_fold), 2: StageWork(_s2_seam), 3: StageWork(_s3_qkv), 4: StageWork(_s4_norms),
+              5: StageWork(_s5_qb), 6: StageWork(_s6_heads)}
 
 
 # -- the kernel ------------------------------------------------------------------------------
@@ -222,17 +191,17 @@ def make_kernel(lay: K1Layout, stages: frozenset[int] = ALL_STAGES):
         x_mx = Mxfp8Rows(u8x16, u8, lay.x_codes, lay.x_scales, H)
         qr_mx = Mxfp8Rows(u8x16, u8, lay.qr_codes, lay.qr_scales, Q_LORA)
         stream = tid // SEAM_CHUNK  # S1: the mHC stream this thread folds
-        k = _Frame(lay=lay, X=X, Residual=Residual, PostMix=PostMix, ResMix=ResMix, HcFn=HcFn, HcBase=HcBase,
-                   HcScale=HcScale, AttnNorm=AttnNorm, QNorm=QNorm, KvNorm=KvNorm, Rope=Rope, Positions=Positions,
-                   SlotMapping=SlotMapping, KvCache=KvCache, ROut=ROut, PostOut=PostOut, CombOut=CombOut,
-                   XNorm=XNorm, QrOut=QrOut, QOut=QOut, Sync=Sync, m=m, do_fold=do_fold, page_stride=page_stride,
-                   block_size=block_size, tid=tid, lane=lane, wave=wave, cta=cta, red=red, gate=gate,
-                   lds_acc=lds_acc, tag=tag, f32=f32, f32x4=f32x4, u8=u8, u8x8=u8x8, w_qkv=w_qkv, w_qb=w_qb,
-                   x_mx=x_mx, qr_mx=qr_mx, stream=stream)
+        k = Frame(lay=lay, X=X, Residual=Residual, PostMix=PostMix, ResMix=ResMix, HcFn=HcFn, HcBase=HcBase,
+                  HcScale=HcScale, AttnNorm=AttnNorm, QNorm=QNorm, KvNorm=KvNorm, Rope=Rope, Positions=Positions,
+                  SlotMapping=SlotMapping, KvCache=KvCache, ROut=ROut, PostOut=PostOut, CombOut=CombOut,
+                  XNorm=XNorm, QrOut=QrOut, QOut=QOut, Sync=Sync, m=m, do_fold=do_fold, page_stride=page_stride,
+                  block_size=block_size, tid=tid, lane=lane, wave=wave, cta=cta, red=red, gate=gate,
+                  lds_acc=lds_acc, tag=tag, f32=f32, f32x4=f32x4, u8=u8, u8x8=u8x8, w_qkv=w_qkv, w_qb=w_qb,
+                  x_mx=x_mx, qr_mx=qr_mx, stream=stream, data=NO_DATA)
 
         for stage in lay.schedule:
             if const_expr(stage.number in stages):
-                _run_stage(k, stage, stages)
+                run_stage(k, stage, stages, STAGE_WORK[stage.number])
 
         leave(Sync, tag, CTAS, tid)
 

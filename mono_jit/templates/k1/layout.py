@@ -6,7 +6,7 @@ tests all read the same figures from here.
 Stages (CTA b runs tasks b, b + 256, ...). SCHEDULE below is the one statement of their order,
 task counts, waits, publishes and scratch regions: the kernel's stage loops, the sync words, the
 scratch offsets, the protocol model (`program`) and the stage-subset builds all follow it
-(templates/schedule.py).
+(templates/schedule.py, templates/stage_loop.py).
 
   S1 fold + mix partials  task = (row group of 16, column chunk of 128): 56 x groups tasks.
                           512 threads = 4 streams x 128 columns; each thread keeps its 24
@@ -34,9 +34,9 @@ from typing import ClassVar
 from ...deepseek_v4 import HEAD_DIM, HEADS, HIDDEN, KV_LORA, Q_LORA
 from ...resources import LDS_PER_CU
 from ...spec import Spec
-from .. import schedule as sched
-from ..geometry import (LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS, MX_BLOCK, PARTIALS, SEAM_CHUNKS,
-                        SEAM_GROUP, TILE_K, TILE_N, WAVES)
+from .. import schedule as sched, seam_layout
+from ..geometry import (LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS, MX_BLOCK, PARTIALS, SEAM_CHUNKS, TILE_K,
+                        TILE_N, WAVES)
 
 QKV = Q_LORA + KV_LORA  # fused_wqa_wkv outputs
 S3_TILES = QKV // TILE_N  # 128
@@ -59,7 +59,7 @@ def _s6_row(lay: K1Layout, task):
     return task // lay.head_groups
 
 
-def _s6_awaits(lay: K1Layout, task, m):
+def _s6_awaits(lay: K1Layout, task, m, data):
     """The S5 tasks of the task's 8 heads."""
     first_head = (task % lay.head_groups) * HEADS_PER_TASK
     return first_head * lay.s5_tasks_per_head, HEADS_PER_TASK * lay.s5_tasks_per_head
@@ -70,20 +70,21 @@ def _row(lay: K1Layout, task):
 
 
 SCHEDULE: tuple[sched.Stage, ...] = (
-    sched.Stage(1, "fold + mix partials", tasks=lambda lay: lay.seam_groups * SEAM_CHUNKS,
-                   writes=("partials",)),
-    sched.Stage(2, "seam", tasks=lambda lay: lay.rows, waits_on=1, row_of=_row,
-                   awaits=lambda lay, row, m: ((row // SEAM_GROUP) * SEAM_CHUNKS, SEAM_CHUNKS),
+    sched.Stage(1, "fold + mix partials", tasks=seam_layout.fold_tasks, writes=("partials",)),
+    sched.Stage(2, "seam", tasks=lambda lay: lay.rows, row_of=_row,
+                   waits=(sched.Wait(1, seam_layout.gate_awaits),),
                    reads=("partials",), writes=("x_codes", "x_scales")),
-    sched.Stage(3, "fused_wqa_wkv GEMV", tasks=lambda lay: S3_TILES * S3_PARTS, waits_on=2,
-                   awaits=lambda lay, task, m: (0, m), reads=("x_codes", "x_scales"), writes=("qkv_raw",)),
-    sched.Stage(4, "norms + KV insert", tasks=lambda lay: lay.rows, waits_on=3, row_of=_row,
-                   awaits=lambda lay, row, m: (0, lay.tasks(3)), reads=("qkv_raw",),
+    sched.Stage(3, "fused_wqa_wkv GEMV", tasks=lambda lay: S3_TILES * S3_PARTS,
+                   waits=(sched.Wait(2, sched.rows_below_m),), reads=("x_codes", "x_scales"),
+                   writes=("qkv_raw",)),
+    sched.Stage(4, "norms + KV insert", tasks=lambda lay: lay.rows, row_of=_row,
+                   waits=(sched.Wait(3, lambda lay, row, m, data: (0, lay.tasks(3))),), reads=("qkv_raw",),
                    writes=("qr_codes", "qr_scales")),
-    sched.Stage(5, "wq_b GEMV", tasks=lambda lay: lay.q_width // (2 * TILE_N), waits_on=4,
-                   awaits=lambda lay, task, m: (0, m), reads=("qr_codes", "qr_scales"), writes=("q_raw",)),
-    sched.Stage(6, "q heads", tasks=lambda lay: lay.rows * lay.head_groups, waits_on=5, row_of=_s6_row,
-                   awaits=_s6_awaits, publishes=False, reads=("q_raw",)),
+    sched.Stage(5, "wq_b GEMV", tasks=lambda lay: lay.q_width // (2 * TILE_N),
+                   waits=(sched.Wait(4, sched.rows_below_m),), reads=("qr_codes", "qr_scales"),
+                   writes=("q_raw",)),
+    sched.Stage(6, "q heads", tasks=lambda lay: lay.rows * lay.head_groups, row_of=_s6_row,
+                   waits=(sched.Wait(5, _s6_awaits),), publishes=False, reads=("q_raw",)),
 )
 
 F32_REGIONS: tuple[sched.Region, ...] = (
@@ -132,10 +133,6 @@ class K1Layout(sched.ScheduledLayout):
         return math.ceil(self.rows / TILE_N)
 
     # -- task tables (the schedule's) -------------------------------------------------------
-    @property
-    def seam_groups(self) -> int:
-        return math.ceil(self.rows / SEAM_GROUP)
-
     @property
     def s5_tasks_per_head(self) -> int:
         return HEAD_DIM // (2 * TILE_N)  # 16

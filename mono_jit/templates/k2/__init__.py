@@ -53,15 +53,14 @@ class K2Template(Template):
     name = "k2"
     spec_fields = ("tp", "ratio", "topk_width", "max_tokens")
     source_files = COMMON_SOURCES + (
-        "templates/sync_device.py", "templates/sync_words.py", "templates/schedule.py", "templates/_numerics.py",
-        "templates/_gemv.py", "templates/addressing.py", "templates/k2/allreduce.py",
-        "templates/_seam.py", "templates/k1/__init__.py", "templates/k1/layout.py",
-        "templates/reference_math.py", "templates/keytable/__init__.py", "templates/keytable/kernel.py",
-        "templates/keytable/reference.py", "templates/k2/__init__.py", "templates/k2/layout.py",
-        "templates/k2/reference.py", "templates/k2/addressing.py", "templates/k2/kernel.py",
-        "templates/k2/moe_layout.py", "templates/k2/moe_reference.py", "templates/k2/moe_addressing.py",
-        "templates/k2/moe_kernel.py", "templates/router/__init__.py", "templates/router/kernel.py",
-        "templates/router/reference.py")
+        "templates/sync_device.py", "templates/sync_words.py", "templates/schedule.py", "templates/stage_loop.py",
+        "templates/seam_layout.py", "templates/_numerics.py", "templates/_gemv.py", "templates/addressing.py",
+        "templates/k2/allreduce.py", "templates/_seam.py", "templates/reference_math.py",
+        "templates/keytable/__init__.py", "templates/keytable/kernel.py", "templates/keytable/reference.py",
+        "templates/k2/__init__.py", "templates/k2/layout.py", "templates/k2/reference.py", "templates/k2/addressing.py",
+        "templates/k2/kernel.py", "templates/k2/moe_layout.py", "templates/k2/moe_reference.py",
+        "templates/k2/moe_addressing.py", "templates/k2/moe_kernel.py", "templates/router/__init__.py",
+        "templates/router/kernel.py", "templates/router/reference.py")
     kernel_module = ".kernel"
     persistent = True
     budget = Budget(scratch_bytes=0, spills=0)

@@ -1,4 +1,6 @@
-"""FlyDSL source of K2 part one (contract in the package docstring, decomposition in layout.py).
+"""FlyDSL source of K2 (contract in the package docstring, decomposition in layout.py and
+moe_layout.py): each stage's work per task (STAGE_WORK), whose loops stage_loop.run_stage runs
+from the schedule table; part two's device code lives in moe_kernel.py.
 
 (No `from __future__ import annotations` here: fx.struct and @flyc.kernel read real annotations.)
 
@@ -52,7 +54,8 @@ from ..geometry import (CTAS, KV_RECORD, LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_
                         PEERS, SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, THREADS, TILE_N, WAVE, WAVES)
 from ..keytable.kernel import key_table_row
 from ..router.kernel import select_top6
-from ..sync_device import arrive, leave, publish, step_tag, wait
+from ..stage_loop import Frame, StageWork, run_stage
+from ..sync_device import arrive, leave, step_tag
 from . import K2Template, addressing as attention_addressing
 from .moe_addressing import expert_scale_bytes, expert_weight_bytes, w13_tile
 from .moe_kernel import PickRows, act_row, fp4_steps, logits_task, reduce_to_picks, store_down, union_task
@@ -232,12 +235,27 @@ def _top6_row(f32, i32, bias, route_ids, logits_at, ids_at, weights_at, row, lan
         store_scalar(f32, weights_at + row * TOPK + lane, weight, fx.Float32)
 
 
-# -- the kernel ------------------------------------------------------------------------------
+# -- the stages' work (what a task does; the schedule in layout.py and moe_layout.py says when) ----
 
 def _entry(table, names: tuple[str, ...], name: str, dtype, like):
     """Entry `name` of an address table whose order is `names`, as a pointer to `dtype` (from
     `like`'s f32 pointer type: its 4-byte alignment serves f32, bf16 and byte views)."""
     return fx.recast_iter(dtype, table_pointer(table, names.index(name), like))
+
+
+def _weight(k, name: str, dtype):
+    """The layer's weight `name` (layout.WEIGHT_TABLE) as a pointer to `dtype`."""
+    return _entry(k.Weights, WEIGHT_TABLE, name, dtype, k.Work)
+
+
+def _state(k, name: str, dtype):
+    """The runner's buffer `name` (layout.STATE_TABLE) as a pointer to `dtype`."""
+    return _entry(k.State, STATE_TABLE, name, dtype, k.Work)
+
+
+def _layer_int(k, name: str):
+    """An integer entry of the layer's table (a weight's stride or layout flag)."""
+    return table_entry(k.Weights, WEIGHT_TABLE.index(name)).to(fx.Int32)
 
 
 class _Scratch:
@@ -259,24 +277,333 @@ class _Scratch:
         return fx.max(a, b)
 
 
+def _stage_frame(k: Frame) -> Frame:
+    """Every stage's setup: its own tid, lane and cta (_dsl.fresh: no lane mask or loop guard
+    lives across stages) and its own work views (f32, f32x4, i32, u8, u8x8, u8x16, each bounded
+    by its region's size; _dsl.fresh_pointer), and the i32 scratch its waits read."""
+    lay = k.lay
+    fresh_tid = fresh(fx.thread_idx.x)
+    tid, lane, cta = fresh_tid, fresh_tid % WAVE, fresh_scalar(fx.block_idx.x)
+    work = fresh_pointer(fx.get_iter(k.Work))
+    u8_at = work + lay.u8_at // 4
+    f32, f32x4 = typed_view(work, fx.Float32, lay.f32_words), typed_view(work, fx.Float32, lay.f32_words, 4)
+    i32 = typed_view(work + lay.i32_at // 4, fx.Int32, lay.i32_words)
+    u8, u8x8 = typed_view(u8_at, fx.Uint8, lay.bytes), typed_view(u8_at, fx.Uint8, lay.bytes, VEC)
+    u8x16 = typed_view(u8_at, fx.Uint8, lay.bytes, 16)
+    return k.but(tid=tid, lane=lane, cta=cta, f32=f32, f32x4=f32x4, i32=i32, u8=u8, u8x8=u8x8, u8x16=u8x16,
+                 data=_Scratch(lay, i32))
+
+
+@dsl
+def _s1_key_table(k, task, _row):
+    """S1 task = row, wave 0: the row's key table (keytable/kernel.py); a graph-pad row (slot -1)
+    or one past m gets no keys."""
+    lay, row = k.lay, task
+    if k.wave == 0:
+        count, swa = fx.Int32(0), fx.Int32(0)
+        if row < k.m:  # slot_mapping holds m rows: read no further
+            if load_global(k.SlotMapping, row) >= 0:
+                count, swa = key_table_row(k.SwaIndices, k.SwaLens, k.TokenReq, k.TopK, k.BlockTable, k.i32, row,
+                                           lay.key_slots + row * lay.keys, k.lane, lay.topk_width,
+                                           lay.ratio == deepseek_v4.CSA_RATIO, k.bt_stride, k.per_page)
+        if k.lane == 0:
+            store_scalar(k.i32, lay.key_counts + 2 * row, count, fx.Int32)
+            store_scalar(k.i32, lay.key_counts + 2 * row + 1, swa, fx.Int32)
+
+
+def _s2_attention(k, task, _row):
+    """S2 task: attention over one key chunk (_attention_task)."""
+    q = typed_view(_state(k, "q", fx.BFloat16), fx.BFloat16, k.lay.rows * k.lay.heads * HEAD_DIM, VEC)
+    _attention_task(k.lay, task, q, k.SwaCache, k.CompCache, k.i32, k.f32x4, k.f32, k.swa_page_stride, k.swa_block,
+                    k.comp_page_stride, k.comp_block, k.tid)
+
+
+@dsl
+def _s3_merge(k, task, _row):
+    """S3 task, wave 0: merge, inverse RoPE, MXFP8 (_merge_task)."""
+    if k.wave == 0:
+        _merge_task(k.lay, task, _weight(k, "attn_sink", fx.Float32), _weight(k, "rope", fx.Float32), k.Positions,
+                    k.f32, k.f32x4, k.u8x8, k.u8, k.lane)
+
+
+def _s4_setup(k: Frame) -> Frame:
+    """S4's frame: wo_a's weight view, built once for the stage."""
+    k = _stage_frame(k)
+    woa_stride = _layer_int(k, "woa_stride")
+    w_oa = Fp8Weight(typed_view(_weight(k, "w_oa", fx.Uint8), fx.Uint8, k.lay.o_width * woa_stride, 16),
+                     _weight(k, "s_oa", fx.Uint8), HEADS_PER_GROUP * HEAD_DIM, woa_stride,
+                     _layer_int(k, "woa_shuffled"))
+    return k.but(w_oa=w_oa)
+
+
+def _s4_woa(k, task, _row):
+    """S4 task: one N tile and K half of wo_a, its f32 half to the scratch."""
+    lay = k.lay
+    n0, part, group = attention_addressing.woa_task(lay, task)
+    acts = Mxfp8Rows(k.u8x16, k.u8, *attention_addressing.woa_operand(lay, group))
+    accs = gemv_steps(k.w_oa, acts, n0, attention_addressing.woa_steps(part, k.wave), k.lane, k.row_tiles)
+    gemv_reduce(accs, k.lds_acc, k.tid, k.wave, k.lane, WAVES, k.row_tiles, k.f32,
+                lay.woa_raw + part * lay.rows * lay.o_width, lay.o_width, n0, k.m)
+
+
+def _s5_z(k, _task, row):
+    """S5 row: z = bf16(wo_a), MXFP8 (_z_quant_row)."""
+    _z_quant_row(k.lay, row, k.f32x4, k.u8x8, k.u8, k.tid)
+
+
+def _s6_setup(k: Frame) -> Frame:
+    """S6's frame: wo_b's weight view and z's MXFP8 rows, built once for the stage."""
+    k = _stage_frame(k)
+    lay = k.lay
+    wob_stride = _layer_int(k, "wob_stride")
+    w_ob = Fp8Weight(typed_view(_weight(k, "w_ob", fx.Uint8), fx.Uint8, H * wob_stride, 16),
+                     _weight(k, "s_ob", fx.Uint8), lay.o_width, wob_stride, _layer_int(k, "wob_shuffled"))
+    return k.but(w_ob=w_ob, z_mx=Mxfp8Rows(k.u8x16, k.u8, lay.z_codes, lay.z_scales, lay.o_width))
+
+
+def _s6_wob(k, task, _row):
+    """S6 task: one N tile of wo_b, pushed to the peers (allreduce.wob_push)."""
+    accs = gemv_steps(k.w_ob, k.z_mx, task * TILE_N, attention_addressing.wob_steps(k.lay, k.wave), k.lane,
+                      k.row_tiles)
+    wob_push(k.lay, task, accs, k.lds_acc, k.lds_peers, k.Mailbox, k.half_at, k.rank, k.tag, k.m, k.tid, k.wave,
+             k.lane)
+
+
+def _s7_setup(k: Frame) -> Frame:
+    """S7's frame: the mHC stream each thread folds."""
+    k = _stage_frame(k)
+    return k.but(stream=k.tid // SEAM_CHUNK)
+
+
+@dsl
+def _s7_reduce_seam(k, task, _row):
+    """S7 task = (row group, column chunk): each row's all-reduce (a row past m only pushes),
+    then the FFN seam's fold of the live rows."""
+    lay, tid, rows = k.lay, k.tid, k.lay.rows
+    group, chunk = lay.s7_task(task)
+    col = chunk * SEAM_CHUNK + tid % SEAM_CHUNK
+    fn = mix_weights(typed_view(_weight(k, "hc_fn", fx.Float32), fx.Float32, MIXES * STREAMS * H), k.stream, col)
+    residual = typed_view(_state(k, "residual", fx.BFloat16), fx.BFloat16, rows * STREAMS * H)
+    r_out = typed_view(_state(k, "r_out", fx.BFloat16), fx.BFloat16, rows * STREAMS * H)
+    post_in, comb_in = _state(k, "post_in", fx.Float32), _state(k, "comb_in", fx.Float32)
+    x_at = lambda row: fx.memref_load(k.y, tid % SEAM_CHUNK)  # noqa: E731
+    first = group * SEAM_GROUP
+    for row in range(first, fx.min(first + SEAM_GROUP, rows)):
+        live = row < k.m
+        reduce_row(lay, chunk, row, live, k.Mailbox, k.lds_peers, k.half_at, k.rank, k.tag, k.peer_wait_us, k.y, tid)
+        if live:
+            fold_row(residual, post_in, comb_in, r_out, x_at, fx.Int32(1), fn, k.red, k.f32,
+                     lay.partials + (row * SEAM_CHUNKS + chunk) * PARTIALS, row, col, k.stream, tid, k.wave, k.lane)
+
+
+def _s8_seam_gate(k, _task, row):
+    """S8 row: the FFN seam's gate, collapse, ffn_norm, MXFP8 (_seam.seam_row)."""
+    lay, rows = k.lay, k.lay.rows
+    seam_row(k.f32, lay.partials + row * SEAM_CHUNKS * PARTIALS, k.gate, k.red,
+             _weight(k, "hc_base", fx.Float32), _weight(k, "hc_scale", fx.Float32),
+             _state(k, "post_out", fx.Float32), _state(k, "comb_out", fx.Float32),
+             typed_view(_state(k, "r_out", fx.BFloat16), fx.BFloat16, rows * STREAMS * H, VEC),
+             _weight(k, "ffn_norm", fx.BFloat16),
+             typed_view(_state(k, "x_norm", fx.BFloat16), fx.BFloat16, rows * H, VEC), k.u8x8, k.u8,
+             mx_code_offset(lay.ffn_codes, row, 0, H), mx_scale_offset(lay.ffn_scales, row, 0, H),
+             row, k.tid, k.wave, k.lane, _state(k, "pre_out", fx.Float32))
+
+
+# ==== part two: the MoE (moe_layout.py, moe_kernel.py) =========================================
+
+def _s9_logits(k, task, _row):
+    """S9 task: the router logits of 8 experts, one a wave (moe_kernel.logits_task)."""
+    logits_task(typed_view(_weight(k, "gate", fx.BFloat16), fx.BFloat16, EXPERTS * H, VEC),
+                typed_view(_state(k, "x_norm", fx.BFloat16), fx.BFloat16, k.lay.rows * H, VEC), k.f32,
+                k.lay.logits, task, k.m, k.wave, k.lane)
+
+
+@dsl
+def _s10_top6(k, _task, row):
+    """S10 row, wave 0: its six experts and weights (_top6_row)."""
+    lay = k.lay
+    if k.wave == 0:
+        # a hash layer has no bias: its view holds 0 bytes, so every read is 0 and touches no
+        # memory (the table entry may be 0)
+        bias = typed_view(_weight(k, "bias", fx.Float32), fx.Float32, (k.use_hash == 0).select(EXPERTS, 0))
+        _top6_row(k.f32, k.i32, bias, flat_view(k.RouteIds), lay.logits, lay.ids, lay.route_weights, row, k.lane,
+                  k.use_hash)
+
+
+def _s11_union(k, _task, _row):
+    """S11's one task: the union of chosen experts (moe_kernel.union_task)."""
+    lay = k.lay
+    union_task(k.i32, k.lds_moe, lay.ids, lay.union, lay.union_size, lay.pick_of, lay.slot_of, lay.rows, k.m, k.tid)
+
+
+def _s12_setup(k: Frame) -> Frame:
+    """S12's frame: the shared gate / up's weight view and the FFN seam's MXFP8 rows."""
+    k = _stage_frame(k)
+    lay = k.lay
+    w_sgu = Fp8Weight(typed_view(_weight(k, "sgu", fx.Uint8), fx.Uint8, 2 * lay.inter * _layer_int(k, "sgu_stride"),
+                                 16),
+                      _weight(k, "sgu_s", fx.Uint8), H, _layer_int(k, "sgu_stride"), _layer_int(k, "sgu_shuffled"))
+    return k.but(w_sgu=w_sgu, x_mx=Mxfp8Rows(k.u8x16, k.u8, lay.ffn_codes, lay.ffn_scales, H))
+
+
+def _s12_shared_gate_up(k, task, _row):
+    """S12 task: one 16-row tile and K quarter of the shared gate / up, its f32 part to the scratch."""
+    lay, rows, inter = k.lay, k.lay.rows, k.lay.inter
+    quarter = H // 128 // SHARED_K_PARTS
+    tile, part = task // SHARED_K_PARTS, task % SHARED_K_PARTS
+    accs = gemv_steps(k.w_sgu, k.x_mx, tile * TILE_N, split_steps(part * quarter, quarter, k.wave), k.lane,
+                      k.row_tiles)
+    gemv_reduce(accs, k.lds_acc, k.tid, k.wave, k.lane, WAVES, k.row_tiles, k.f32,
+                lay.sgu_raw + part * rows * 2 * inter, 2 * inter, tile * TILE_N, k.m)
+
+
+@dsl
+def _s13_shared_act(k, _task, row):
+    """S13 row, wave 0: the shared SwiGLU of the summed quarters, MXFP8 (moe_kernel.act_row)."""
+    lay, inter = k.lay, k.lay.inter
+    if k.wave == 0:
+        first = lay.sgu_raw + row * 2 * inter
+        act_row(k.f32x4, k.u8x8, k.u8, first, first + inter, SHARED_K_PARTS, lay.rows * 2 * inter, True, inter,
+                lay.sh_codes + row * inter, lay.sh_scales + row * inter // 32, k.lane)
+
+
+def _s14_setup(k: Frame) -> Frame:
+    """S14's frame: the shared down's weight view and the shared h's MXFP8 rows."""
+    k = _stage_frame(k)
+    lay = k.lay
+    w_sw2 = Fp8Weight(typed_view(_weight(k, "sw2", fx.Uint8), fx.Uint8, H * _layer_int(k, "sw2_stride"), 16),
+                      _weight(k, "sw2_s", fx.Uint8), lay.inter, _layer_int(k, "sw2_stride"),
+                      _layer_int(k, "sw2_shuffled"))
+    return k.but(w_sw2=w_sw2, h_mx=Mxfp8Rows(k.u8x16, k.u8, lay.sh_codes, lay.sh_scales, lay.inter))
+
+
+def _s14_shared_down(k, task, _row):
+    """S14 task: one 16-row tile of the shared down, f32 to the scratch."""
+    accs = gemv_steps(k.w_sw2, k.h_mx, task * TILE_N, split_steps(0, k.lay.inter // 128, k.wave), k.lane,
+                      k.row_tiles)
+    gemv_reduce(accs, k.lds_acc, k.tid, k.wave, k.lane, WAVES, k.row_tiles, k.f32, k.lay.shared_raw, H,
+                task * TILE_N, k.m)
+
+
+def _s15_setup(k: Frame) -> Frame:
+    """S15's frame: the experts' w13 and its scales, and the FFN seam's MXFP8 rows."""
+    k = _stage_frame(k)
+    lay = k.lay
+    w13 = typed_view(_weight(k, "w13", fx.Uint8), fx.Uint8, expert_weight_bytes(EXPERTS * 2 * lay.inter, H), 16)
+    w13_s = typed_view(_weight(k, "w13_s", fx.Uint8), fx.Uint8, expert_scale_bytes(EXPERTS * 2 * lay.inter, H))
+    return k.but(w13=w13, w13_s=w13_s, x_mx=Mxfp8Rows(k.u8x16, k.u8, lay.ffn_codes, lay.ffn_scales, H))
+
+
+@dsl
+def _s15_routed_gate_up(k, task, _row):
+    """S15 task = (union slot, 16-column block): its expert's gate and up tiles to each pick;
+    a slot past the step's union does nothing."""
+    lay, rows, inter, i32 = k.lay, k.lay.rows, k.lay.inter, k.i32
+    blocks = inter // TILE_N
+    slot, block = task // blocks, task % blocks
+    if slot < load_scalar(i32, lay.union_size, fx.Int32):
+        expert = load_scalar(i32, lay.union + slot, fx.Int32)
+        for up in range_constexpr(2):
+            accs = fp4_steps(k.w13, k.w13_s, expert, w13_tile(block, up), 2 * inter, H, k.x_mx,
+                             split_steps(0, H // 128, k.wave), k.lane, k.row_tiles)
+            reduce_to_picks(accs, k.lds_acc, i32, k.f32, lay.pick_of + slot * rows, lay.gu, 2 * inter,
+                            up * inter + block * TILE_N, k.m, rows, k.tid, k.wave, k.lane)
+
+
+@dsl
+def _s16_routed_act(k, pick, _row):
+    """S16 pick, wave 0: its routed SwiGLU, MXFP8 (moe_kernel.act_row)."""
+    lay, inter = k.lay, k.lay.inter
+    if k.wave == 0:
+        first = lay.gu + pick * 2 * inter
+        act_row(k.f32x4, k.u8x8, k.u8, first, first + inter, 1, 0, False, inter, lay.rh_codes + pick * inter,
+                lay.rh_scales + pick * inter // 32, k.lane)
+
+
+def _s17_setup(k: Frame) -> Frame:
+    """S17's frame: the experts' w2 and its scales."""
+    k = _stage_frame(k)
+    inter = k.lay.inter
+    w2 = typed_view(_weight(k, "w2", fx.Uint8), fx.Uint8, expert_weight_bytes(EXPERTS * H, inter), 16)
+    w2_s = typed_view(_weight(k, "w2_s", fx.Uint8), fx.Uint8, expert_scale_bytes(EXPERTS * H, inter))
+    return k.but(w2=w2, w2_s=w2_s)
+
+
+@dsl
+def _s17_routed_down(k, task, _row):
+    """S17 task = (union slot, 8 output tiles), a wave a tile: each pick's down output times its
+    routing weight; a slot past the step's union does nothing."""
+    lay, rows, inter, i32 = k.lay, k.lay.rows, k.lay.inter, k.i32
+    per_slot = H // TILE_N // DOWN_TILES
+    slot = task // per_slot
+    if slot < load_scalar(i32, lay.union_size, fx.Int32):
+        expert = load_scalar(i32, lay.union + slot, fx.Int32)
+        tile = task % per_slot * DOWN_TILES + k.wave
+        acts = PickRows(k.u8x16, k.u8, i32, lay.rh_codes, lay.rh_scales, lay.pick_of + slot * rows, rows, inter)
+        accs = fp4_steps(k.w2, k.w2_s, expert, tile, H, inter, acts,
+                         [(s, None) for s in range_constexpr(inter // 128)], k.lane, k.row_tiles)
+        store_down(accs, acts, k.f32, lay.route_weights, lay.routed_y, tile, k.m, k.lane)
+
+
+def _moe_half(k):
+    """The peer half's MoE regions, in 8-byte pairs: after part one's (moe_layout.moe_at)."""
+    return k.half_at + k.lay.moe_at // PAIR_BYTES
+
+
+def _s18_push(k, task, _row):
+    """S18 task: the rank's MoE partial of one 16-column tile, pushed (allreduce.moe_push)."""
+    moe_push(k.lay, task, k.f32, k.i32, k.lds_peers, k.Mailbox, _moe_half(k), k.rank, k.tag, k.m, k.tid)
+
+
+def _s19_setup(k: Frame) -> Frame:
+    """S19's frame: the layer's `out`."""
+    k = _stage_frame(k)
+    return k.but(out=typed_view(_state(k, "out", fx.BFloat16), fx.BFloat16, k.lay.rows * H))
+
+
+@dsl
+def _s19_reduce(k, task, _row):
+    """S19 task = (row group, column chunk): each row's MoE all-reduce into `out` (a row past m
+    only pushes)."""
+    lay, tid, rows = k.lay, k.tid, k.lay.rows
+    group, chunk = lay.s7_task(task)
+    first = group * SEAM_GROUP
+    for row in range(first, fx.min(first + SEAM_GROUP, rows)):
+        live = row < k.m
+        reduce_row(lay, chunk, row, live, k.Mailbox, k.lds_peers, _moe_half(k), k.rank, k.tag, k.peer_wait_us, k.y,
+                   tid)
+        if live & (tid < SEAM_CHUNK):
+            store_scalar(k.out, row * H + chunk * SEAM_CHUNK + tid, fx.memref_load(k.y, tid).to(fx.BFloat16),
+                         fx.BFloat16)
+        gpu.barrier()  # y is read before the next row's reduce writes it
+
+
+STAGE_WORK = {
+    1: StageWork(_s1_key_table, _stage_frame), 2: StageWork(_s2_attention, _stage_frame),
+    3: StageWork(_s3_merge, _stage_frame), 4: StageWork(_s4_woa, _s4_setup), 5: StageWork(_s5_z, _stage_frame),
+    6: StageWork(_s6_wob, _s6_setup), 7: StageWork(_s7_reduce_seam, _s7_setup),
+    8: StageWork(_s8_seam_gate, _stage_frame), 9: StageWork(_s9_logits, _stage_frame),
+    10: StageWork(_s10_top6, _stage_frame), 11: StageWork(_s11_union, _stage_frame),
+    12: StageWork(_s12_shared_gate_up, _s12_setup), 13: StageWork(_s13_shared_act, _stage_frame),
+    14: StageWork(_s14_shared_down, _s14_setup), 15: StageWork(_s15_routed_gate_up, _s15_setup),
+    16: StageWork(_s16_routed_act, _stage_frame), 17: StageWork(_s17_routed_down, _s17_setup),
+    18: StageWork(_s18_push, _stage_frame), 19: StageWork(_s19_reduce, _s19_setup),
+}
+
+
+# -- the kernel ------------------------------------------------------------------------------
+
 ALL_STAGES = frozenset(s.number for s in SCHEDULE)
 PEER_STAGES = stage_table.peer_stages(SCHEDULE)  # the stages that push to or poll the peer buffers
 
 
 def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
-    """The K2 kernel with the given stages (all of them for K2 itself), each stage's tasks,
-    waits and flags as lay.schedule states them; a subset is a standalone launch of those stages
-    that reads its inputs from the buffers as the caller prepared them (k1/kernel.make_kernel),
-    for the per-stage tests on a GPU."""
-    rows, row_tiles, csa = lay.rows, lay.seam.row_tiles, lay.ratio == deepseek_v4.CSA_RATIO
+    """The K2 kernel with the given stages (all of them for K2 itself), each stage's loop run
+    from lay.schedule (stage_loop.run_stage) with its work from STAGE_WORK; a subset is a
+    standalone launch of those stages that reads its inputs from the buffers as the caller
+    prepared them (k1/kernel.make_kernel), for the per-stage tests on a GPU."""
+    rows, row_tiles = lay.rows, lay.row_tiles
     half_words = lay.half_bytes // PAIR_BYTES
-
-    def await_producers(stage: int, task, m, sync, tag, tid, i32) -> None:
-        """Stage `stage`'s waits for `task`, as lay.schedule states them, those whose producer
-        this build holds (a stage subset reads the rest as the caller prepared it)."""
-        for w in stage_table.stage(lay.schedule, stage).waits_kept(stages):
-            first, count, *stride = stage_table.awaited(lay, w, task, m, _Scratch(lay, i32))
-            wait(sync, first, count, tag, tid, *stride)
 
     @flyc.kernel
     def k2_kernel(Positions: fx.Tensor, SlotMapping: fx.Tensor, SwaIndices: fx.Tensor, SwaLens: fx.Tensor,
@@ -303,310 +630,21 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
         arrive(Sync, tid)
         if const_expr(bool(stages & PEER_STAGES)):
             stage_peer_addresses(Peers, lds_peers, tid)
+        k = Frame(lay=lay, Positions=Positions, SlotMapping=SlotMapping, SwaIndices=SwaIndices, SwaLens=SwaLens,
+                  TopK=TopK, TokenReq=TokenReq, BlockTable=BlockTable, SwaCache=SwaCache, CompCache=CompCache,
+                  Weights=Weights, State=State, Sync=Sync, Work=Work, Mailbox=Mailbox, RouteIds=RouteIds, m=m,
+                  rank=rank, swa_page_stride=swa_page_stride, swa_block=swa_block, comp_page_stride=comp_page_stride,
+                  comp_block=comp_block, bt_stride=bt_stride, per_page=per_page, use_hash=use_hash,
+                  peer_wait_us=peer_wait_us, tid=tid, lane=lane, wave=wave, cta=cta, red=red, gate=gate,
+                  lds_acc=lds_acc, y=y, lds_peers=lds_peers, lds_moe=lds_moe, tag=tag, half_at=half_at,
+                  row_tiles=row_tiles, data=stage_table.NO_DATA)
 
-        def work_views():
-            """The work buffer's views (f32, f32x4, i32, u8, u8x8, u8x16), each bounded by its
-            region's size, built for the stage that uses them (_dsl.fresh_pointer)."""
-            work = fresh_pointer(fx.get_iter(Work))
-            u8_at = work + lay.u8_at // 4
-            return (typed_view(work, fx.Float32, lay.f32_words), typed_view(work, fx.Float32, lay.f32_words, 4),
-                    typed_view(work + lay.i32_at // 4, fx.Int32, lay.i32_words),
-                    typed_view(u8_at, fx.Uint8, lay.bytes), typed_view(u8_at, fx.Uint8, lay.bytes, VEC),
-                    typed_view(u8_at, fx.Uint8, lay.bytes, 16))
+        last = k
+        for stage in lay.schedule:
+            if const_expr(stage.number in stages):
+                last = run_stage(k, stage, stages, STAGE_WORK[stage.number])
 
-        def lanes():
-            """(tid, lane, wave, cta) recomputed for a stage (_dsl.fresh): no lane mask or loop guard
-            lives across stages."""
-            fresh_tid = fresh(fx.thread_idx.x)
-            return fresh_tid, fresh_tid % WAVE, wave, fresh_scalar(fx.block_idx.x)
-
-        def stage():
-            """A stage's own lanes, loop guard and work views (lanes, work_views)."""
-            return (*lanes(), work_views())
-
-        def weight(name, dtype):
-            """The layer's weight `name` (layout.WEIGHT_TABLE) as a pointer to `dtype`."""
-            return _entry(Weights, WEIGHT_TABLE, name, dtype, Work)
-
-        def state(name, dtype):
-            """The runner's buffer `name` (layout.STATE_TABLE) as a pointer to `dtype`."""
-            return _entry(State, STATE_TABLE, name, dtype, Work)
-
-        def layer_int(name):
-            """An integer entry of the layer's table (a weight's stride or layout flag)."""
-            return table_entry(Weights, WEIGHT_TABLE.index(name)).to(fx.Int32)
-
-        # ---- S1: key table -------------------------------------------------------------------
-        if const_expr(1 in stages):
-            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
-            for row in range(cta, rows, CTAS):
-                if wave == 0:
-                    count, swa = fx.Int32(0), fx.Int32(0)
-                    if row < m:  # slot_mapping holds m rows: read no further
-                        if load_global(SlotMapping, row) >= 0:
-                            count, swa = key_table_row(SwaIndices, SwaLens, TokenReq, TopK, BlockTable, i32, row,
-                                                       lay.key_slots + row * lay.keys, lane, lay.topk_width, csa,
-                                                       bt_stride, per_page)
-                    if lane == 0:
-                        store_scalar(i32, lay.key_counts + 2 * row, count, fx.Int32)
-                        store_scalar(i32, lay.key_counts + 2 * row + 1, swa, fx.Int32)
-                publish(Sync, lay.f_keys + row, tag, tid)
-
-        # ---- S2: attention over a key chunk ---------------------------------------------------
-        if const_expr(2 in stages):
-            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
-            for task in range(cta, lay.s2_tasks, CTAS):
-                if lay.row_of(2, task) < m:
-                    await_producers(2, task, m, Sync, tag, tid, i32)
-                    q = typed_view(state("q", fx.BFloat16), fx.BFloat16, rows * lay.heads * HEAD_DIM, VEC)
-                    _attention_task(lay, task, q, SwaCache, CompCache, i32, f32x4, f32, swa_page_stride,
-                                    swa_block, comp_page_stride, comp_block, tid)
-                publish(Sync, lay.f_attn + task, tag, tid)
-
-        # ---- S3: merge, inverse RoPE, MXFP8 ---------------------------------------------------
-        if const_expr(3 in stages):
-            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
-            for task in range(cta, lay.s3_tasks, CTAS):
-                if lay.row_of(3, task) < m:
-                    await_producers(3, task, m, Sync, tag, tid, i32)
-                    if wave == 0:
-                        _merge_task(lay, task, weight("attn_sink", fx.Float32), weight("rope", fx.Float32),
-                                    Positions, f32, f32x4, u8x8, u8, lane)
-                publish(Sync, lay.f_merge + task, tag, tid)
-
-        # ---- S4: wo_a -------------------------------------------------------------------------
-        if const_expr(4 in stages):
-            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
-            woa_stride = layer_int("woa_stride")
-            w_oa = Fp8Weight(typed_view(weight("w_oa", fx.Uint8), fx.Uint8, lay.o_width * woa_stride, 16),
-                             weight("s_oa", fx.Uint8), HEADS_PER_GROUP * HEAD_DIM, woa_stride,
-                             layer_int("woa_shuffled"))
-            for task in range(cta, lay.s4_tasks, CTAS):
-                await_producers(4, task, m, Sync, tag, tid, i32)
-                n0, part, group = attention_addressing.woa_task(lay, task)
-                acts = Mxfp8Rows(u8x16, u8, *attention_addressing.woa_operand(lay, group))
-                accs = gemv_steps(w_oa, acts, n0, attention_addressing.woa_steps(part, wave), lane, row_tiles)
-                gemv_reduce(accs, lds_acc, tid, wave, lane, WAVES, row_tiles, f32,
-                            lay.woa_raw + part * rows * lay.o_width, lay.o_width, n0, m)
-                publish(Sync, lay.f_woa + task, tag, tid)
-
-        # ---- S5: z = bf16(wo_a), MXFP8 --------------------------------------------------------
-        if const_expr(5 in stages):
-            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
-            for row in range(cta, rows, CTAS):
-                if row < m:
-                    await_producers(5, row, m, Sync, tag, tid, i32)
-                    _z_quant_row(lay, row, f32x4, u8x8, u8, tid)
-                publish(Sync, lay.f_z + row, tag, tid)
-
-        # ---- S6: wo_b, pushed to the peers ----------------------------------------------------
-        if const_expr(6 in stages):
-            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
-            wob_stride = layer_int("wob_stride")
-            w_ob = Fp8Weight(typed_view(weight("w_ob", fx.Uint8), fx.Uint8, H * wob_stride, 16),
-                             weight("s_ob", fx.Uint8), lay.o_width, wob_stride, layer_int("wob_shuffled"))
-            z_mx = Mxfp8Rows(u8x16, u8, lay.z_codes, lay.z_scales, lay.o_width)
-            for task in range(cta, lay.s6_tasks, CTAS):
-                await_producers(6, task, m, Sync, tag, tid, i32)
-                accs = gemv_steps(w_ob, z_mx, task * TILE_N, attention_addressing.wob_steps(lay, wave), lane, row_tiles)
-                wob_push(lay, task, accs, lds_acc, lds_peers, Mailbox, half_at, rank, tag, m, tid, wave, lane)
-
-        # ---- S7: all-reduce and the FFN seam's fold -------------------------------------------
-        if const_expr(7 in stages):
-            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
-            stream = tid // SEAM_CHUNK
-            for task in range(cta, lay.s7_tasks, CTAS):
-                group, chunk = lay.s7_task(task)
-                col = chunk * SEAM_CHUNK + tid % SEAM_CHUNK
-                fn = mix_weights(typed_view(weight("hc_fn", fx.Float32), fx.Float32, MIXES * STREAMS * H), stream,
-                                 col)
-                residual = typed_view(state("residual", fx.BFloat16), fx.BFloat16, rows * STREAMS * H)
-                r_out = typed_view(state("r_out", fx.BFloat16), fx.BFloat16, rows * STREAMS * H)
-                post_in, comb_in = state("post_in", fx.Float32), state("comb_in", fx.Float32)
-                x_at = lambda row: fx.memref_load(y, tid % SEAM_CHUNK)  # noqa: E731
-                first = group * SEAM_GROUP
-                for row in range(first, fx.min(first + SEAM_GROUP, rows)):
-                    live = row < m
-                    reduce_row(lay, chunk, row, live, Mailbox, lds_peers, half_at, rank, tag, peer_wait_us, y, tid)
-                    if live:
-                        fold_row(residual, post_in, comb_in, r_out, x_at, fx.Int32(1), fn, red, f32,
-                                 lay.partials + (row * SEAM_CHUNKS + chunk) * PARTIALS, row, col, stream, tid,
-                                 wave, lane)
-                publish(Sync, lay.f_seam + task, tag, tid)
-
-        # ---- S8: the FFN seam's gate, collapse, ffn_norm, MXFP8 -------------------------------
-        if const_expr(8 in stages):
-            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
-            for row in range(cta, rows, CTAS):
-                if row < m:
-                    await_producers(8, row, m, Sync, tag, tid, i32)
-                    seam_row(f32, lay.partials + row * SEAM_CHUNKS * PARTIALS, gate, red,
-                             weight("hc_base", fx.Float32), weight("hc_scale", fx.Float32),
-                             state("post_out", fx.Float32), state("comb_out", fx.Float32),
-                             typed_view(state("r_out", fx.BFloat16), fx.BFloat16, rows * STREAMS * H, VEC),
-                             weight("ffn_norm", fx.BFloat16),
-                             typed_view(state("x_norm", fx.BFloat16), fx.BFloat16, rows * H, VEC), u8x8, u8,
-                             mx_code_offset(lay.ffn_codes, row, 0, H), mx_scale_offset(lay.ffn_scales, row, 0, H),
-                             row, tid, wave, lane, state("pre_out", fx.Float32))
-                publish(Sync, lay.f_norm + row, tag, tid)
-
-        # ==== part two: the MoE (moe_layout.py, moe_kernel.py) =====================================
-        moe_words = lay.moe_at // PAIR_BYTES  # the MoE's regions in a half, after part one's
-        inter = lay.inter
-
-
-        # ---- S9: router logits ---------------------------------------------------------------
-        if const_expr(9 in stages):
-            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
-            for task in range(cta, lay.s9_tasks, CTAS):
-                await_producers(9, task, m, Sync, tag, tid, i32)
-                logits_task(typed_view(weight("gate", fx.BFloat16), fx.BFloat16, EXPERTS * H, VEC),
-                               typed_view(state("x_norm", fx.BFloat16), fx.BFloat16, rows * H, VEC), f32,
-                               lay.logits, task, m, wave, lane)
-                publish(Sync, lay.f_logits + task, tag, tid)
-
-        # ---- S10: top-6 a row --------------------------------------------------------------------
-        if const_expr(10 in stages):
-            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
-            for row in range(cta, lay.tasks(10), CTAS):
-                if lay.row_of(10, row) < m:
-                    await_producers(10, row, m, Sync, tag, tid, i32)
-                    if wave == 0:
-                        # a hash layer has no bias: its view holds 0 bytes, so every read is 0 and
-                        # touches no memory (the table entry may be 0)
-                        bias = typed_view(weight("bias", fx.Float32), fx.Float32, (use_hash == 0).select(EXPERTS, 0))
-                        _top6_row(f32, i32, bias,
-                                  flat_view(RouteIds), lay.logits, lay.ids, lay.route_weights, row, lane, use_hash)
-                publish(Sync, lay.f_top + row, tag, tid)
-
-        # ---- S11: the union of chosen experts ----------------------------------------------------
-        if const_expr(11 in stages):
-            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
-            for task in range(cta, lay.tasks(11), CTAS):
-                await_producers(11, task, m, Sync, tag, tid, i32)
-                union_task(i32, lds_moe, lay.ids, lay.union, lay.union_size, lay.pick_of, lay.slot_of, rows, m,
-                              tid)
-                publish(Sync, lay.f_union, tag, tid)
-
-        # ---- S12: shared gate / up ---------------------------------------------------------------
-        if const_expr(12 in stages):
-            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
-            w_sgu = Fp8Weight(typed_view(weight("sgu", fx.Uint8), fx.Uint8, 2 * inter * layer_int("sgu_stride"), 16),
-                              weight("sgu_s", fx.Uint8), H, layer_int("sgu_stride"), layer_int("sgu_shuffled"))
-            x_mx = Mxfp8Rows(u8x16, u8, lay.ffn_codes, lay.ffn_scales, H)
-            quarter = H // 128 // SHARED_K_PARTS
-            for task in range(cta, lay.s12_tasks, CTAS):
-                await_producers(12, task, m, Sync, tag, tid, i32)
-                tile, part = task // SHARED_K_PARTS, task % SHARED_K_PARTS
-                accs = gemv_steps(w_sgu, x_mx, tile * TILE_N, split_steps(part * quarter, quarter, wave), lane,
-                                  row_tiles)
-                gemv_reduce(accs, lds_acc, tid, wave, lane, WAVES, row_tiles, f32,
-                            lay.sgu_raw + part * rows * 2 * inter, 2 * inter, tile * TILE_N, m)
-                publish(Sync, lay.f_sgu + task, tag, tid)
-
-        # ---- S13: shared SwiGLU, MXFP8 -------------------------------------------------------------
-        if const_expr(13 in stages):
-            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
-            for row in range(cta, lay.tasks(13), CTAS):
-                if lay.row_of(13, row) < m:
-                    await_producers(13, row, m, Sync, tag, tid, i32)
-                    if wave == 0:
-                        first = lay.sgu_raw + row * 2 * inter
-                        act_row(f32x4, u8x8, u8, first, first + inter, SHARED_K_PARTS, rows * 2 * inter, True,
-                                   inter, lay.sh_codes + row * inter, lay.sh_scales + row * inter // 32, lane)
-                publish(Sync, lay.f_sact + row, tag, tid)
-
-        # ---- S14: shared down ----------------------------------------------------------------------
-        if const_expr(14 in stages):
-            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
-            w_sw2 = Fp8Weight(typed_view(weight("sw2", fx.Uint8), fx.Uint8, H * layer_int("sw2_stride"), 16),
-                              weight("sw2_s", fx.Uint8), inter, layer_int("sw2_stride"), layer_int("sw2_shuffled"))
-            h_mx = Mxfp8Rows(u8x16, u8, lay.sh_codes, lay.sh_scales, inter)
-            for task in range(cta, lay.s14_tasks, CTAS):
-                await_producers(14, task, m, Sync, tag, tid, i32)
-                accs = gemv_steps(w_sw2, h_mx, task * TILE_N, split_steps(0, inter // 128, wave), lane,
-                                  row_tiles)
-                gemv_reduce(accs, lds_acc, tid, wave, lane, WAVES, row_tiles, f32, lay.shared_raw, H,
-                            task * TILE_N, m)
-                publish(Sync, lay.f_sdown + task, tag, tid)
-
-        # ---- S15: routed gate / up over the union ----------------------------------------------------
-        if const_expr(15 in stages):
-            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
-            w13 = typed_view(weight("w13", fx.Uint8), fx.Uint8, expert_weight_bytes(EXPERTS * 2 * inter, H), 16)
-            w13_s = typed_view(weight("w13_s", fx.Uint8), fx.Uint8, expert_scale_bytes(EXPERTS * 2 * inter, H))
-            x_mx = Mxfp8Rows(u8x16, u8, lay.ffn_codes, lay.ffn_scales, H)
-            blocks = inter // TILE_N
-            for task in range(cta, lay.s15_tasks, CTAS):
-                await_producers(15, task, m, Sync, tag, tid, i32)
-                slot, block = task // blocks, task % blocks
-                if slot < load_scalar(i32, lay.union_size, fx.Int32):
-                    expert = load_scalar(i32, lay.union + slot, fx.Int32)
-                    for up in range_constexpr(2):
-                        accs = fp4_steps(w13, w13_s, expert, w13_tile(block, up), 2 * inter, H, x_mx,
-                                            split_steps(0, H // 128, wave), lane, row_tiles)
-                        reduce_to_picks(accs, lds_acc, i32, f32, lay.pick_of + slot * rows, lay.gu, 2 * inter,
-                                           up * inter + block * TILE_N, m, rows, tid, wave, lane)
-                publish(Sync, lay.f_rgu + task, tag, tid)
-
-        # ---- S16: routed SwiGLU a pick, MXFP8 (waits on the union, then on its expert's slot's S15
-        # tasks: the schedule reads the slot from the scratch) ---------------------------------------
-        if const_expr(16 in stages):
-            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
-            for pick in range(cta, lay.picks, CTAS):
-                if lay.row_of(16, pick) < m:
-                    await_producers(16, pick, m, Sync, tag, tid, i32)
-                    if wave == 0:
-                        first = lay.gu + pick * 2 * inter
-                        act_row(f32x4, u8x8, u8, first, first + inter, 1, 0, False, inter,
-                                   lay.rh_codes + pick * inter, lay.rh_scales + pick * inter // 32, lane)
-                publish(Sync, lay.f_ract + pick, tag, tid)
-
-        # ---- S17: routed down over the union, a wave a tile ------------------------------------------
-        if const_expr(17 in stages):
-            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
-            w2 = typed_view(weight("w2", fx.Uint8), fx.Uint8, expert_weight_bytes(EXPERTS * H, inter), 16)
-            w2_s = typed_view(weight("w2_s", fx.Uint8), fx.Uint8, expert_scale_bytes(EXPERTS * H, inter))
-            per_slot = H // TILE_N // DOWN_TILES
-            for task in range(cta, lay.s17_tasks, CTAS):
-                await_producers(17, task, m, Sync, tag, tid, i32)
-                slot = task // per_slot
-                if slot < load_scalar(i32, lay.union_size, fx.Int32):
-                    expert = load_scalar(i32, lay.union + slot, fx.Int32)
-                    tile = task % per_slot * DOWN_TILES + wave
-                    acts = PickRows(u8x16, u8, i32, lay.rh_codes, lay.rh_scales, lay.pick_of + slot * rows, rows,
-                                       inter)
-                    accs = fp4_steps(w2, w2_s, expert, tile, H, inter, acts,
-                                        [(s, None) for s in range_constexpr(inter // 128)], lane, row_tiles)
-                    store_down(accs, acts, f32, lay.route_weights, lay.routed_y, tile, m, lane)
-                publish(Sync, lay.f_rdown + task, tag, tid)
-
-        # ---- S18: the rank's MoE partial, pushed (waits on its shared tile, then on its tiles' S17
-        # task in every union slot) -------------------------------------------------------------------
-        if const_expr(18 in stages):
-            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
-            for task in range(cta, lay.tasks(18), CTAS):
-                await_producers(18, task, m, Sync, tag, tid, i32)
-                moe_push(lay, task, f32, i32, lds_peers, Mailbox, half_at + moe_words, rank, tag, m, tid)
-
-        # ---- S19: the MoE all-reduce into out --------------------------------------------------------
-        if const_expr(19 in stages):
-            tid, lane, wave, cta, (f32, f32x4, i32, u8, u8x8, u8x16) = stage()
-            out = typed_view(state("out", fx.BFloat16), fx.BFloat16, rows * H)
-            for task in range(cta, lay.tasks(19), CTAS):
-                group, chunk = lay.s7_task(task)
-                first = group * SEAM_GROUP
-                for row in range(first, fx.min(first + SEAM_GROUP, rows)):
-                    live = row < m
-                    reduce_row(lay, chunk, row, live, Mailbox, lds_peers, half_at + moe_words, rank, tag,
-                                peer_wait_us, y, tid)
-                    if live & (tid < SEAM_CHUNK):
-                        store_scalar(out, row * H + chunk * SEAM_CHUNK + tid, fx.memref_load(y, tid).to(fx.BFloat16),
-                                     fx.BFloat16)
-                    gpu.barrier()  # y is read before the next row's reduce writes it
-                publish(Sync, lay.f_out + task, tag, tid)
-
-        leave(Sync, tag, CTAS, tid)
+        leave(Sync, tag, CTAS, last.tid)  # the last stage's own tid: the kernel's is dead after its first stage
 
     return k2_kernel
 

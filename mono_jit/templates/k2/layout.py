@@ -6,8 +6,9 @@ Stages (CTA b runs tasks b, b + 256, ...; a stage waits only on earlier stages o
 or on peers' pushes of earlier stages, so with all CTAs of every rank resident nothing can
 deadlock). Part one's SCHEDULE below states each stage's task count, wait, peer polls, pushes,
 flags and scratch regions once; K2's whole table (moe_layout.SCHEDULE) is these stages and then
-the MoE's: the sync words, the scratch offsets, the program the protocol model runs and the
-kernel's waits, publishes and stage-subset waits follow it (templates/schedule.py). Every task
+the MoE's: the sync words, the scratch offsets, the program the protocol model runs, the
+kernel's stage loops and the stage-subset builds follow it (templates/schedule.py,
+templates/stage_loop.py). Every task
 publishes its flag, and every push is made, on every launch for all `rows` of the bucket, pad
 rows (m <= row < rows) included with no wait and zero data: so every flag and every peer pair a launch may read was rewritten by the launch before it
 on that word (sync area) or that half (peer buffer), and a 32-bit tag can wrap (see "Tags").
@@ -32,11 +33,12 @@ on that word (sync area) or that half (peer buffer), and a 32-bit tag can wrap (
   S6 wo_b           task = N tile of 16 of the 7168 outputs (K = groups x 1024 in one task):
                     the bf16 tile to `partial`, then pushed as (bf16x2, tag) pairs: one hop, to
                     every rank's PART[this rank]; two hops, to the columns' owner's RS[this rank].
-  S7 reduce + seam  K1's S1 table (row group of 16, column chunk of 128), imported: the task
+  S7 reduce + seam  the seam's fold tasks (row group of 16, column chunk of 128; K1's S1, both
+                    stated once in templates/seam_layout.py): the task
                     reads its rows x 128 columns of y (one hop: PART of the 8 ranks, summed in
                     rank order; two hops: its owner sums RS in rank order and pushes the bf16
                     sums to every rank's AG, the others read AG), folds, mixes.
-  S8 seam gate      K1's S2 table (task = row): gate, Sinkhorn, collapse, ffn_norm, MXFP8 (the
+  S8 seam gate      the seam's gate stage (task = row; K1's S2): gate, Sinkhorn, collapse, ffn_norm, MXFP8 (the
                     flag is part two's hand-off to the MoE).
 
 Tags: a launch reads its area's epoch e once; its flags and pairs carry e + 1 (mod 2^32, the
@@ -84,10 +86,9 @@ from ... import deepseek_v4
 from ...deepseek_v4 import HEAD_DIM
 from ...spec import Spec
 from ..geometry import (CTAS, LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS, MX_BLOCK, PAIR_BYTES, PARTIALS, PEERS,
-                        SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, TILE_N)
-from ..k1.layout import K1Layout
+                        SEAM_CHUNK, SEAM_CHUNKS, TILE_N)
 from ...resources import LDS_PER_CU
-from .. import schedule as sched
+from .. import schedule as sched, seam_layout
 
 HEAD_TILE = 16  # heads an attention MFMA takes
 KEY_GRANULE = 64  # a chunk is a multiple of 64 keys
@@ -180,46 +181,44 @@ def _row(lay: "K2Layout", task):
     return task
 
 
-def _s3_awaits(lay: "K2Layout", task, m):
+def _s2_awaits(lay: "K2Layout", task, m, data):
+    """The key table of the task's row."""
+    return lay.s2_task(task)[0], 1
+
+
+def _s3_awaits(lay: "K2Layout", task, m, data):
     """Every chunk of the task's row and head tile."""
     row, head = lay.s3_task(task)
     return (row * lay.head_tiles + head // HEAD_TILE) * lay.chunks, lay.chunks
 
 
-def _s4_awaits(lay: "K2Layout", task, m):
+def _s4_awaits(lay: "K2Layout", task, m, data):
     """The merges of the task's K half's 4 heads for the rows below m (contiguous)."""
     tile, half = lay.s4_task(task)
     block = tile * TILE_N // O_LORA * WOA_PARTS + half
     return block * lay.rows * MERGE_BLOCK, MERGE_BLOCK * m
 
 
-def _s8_awaits(lay: "K2Layout", row, m):
-    """K1's S2 wait (all column chunks of the row's group) on K2's S7 flags."""
-    first, count = lay.seam.awaits(2, row, m)
-    return first - lay.seam.flag_base(1), count
-
-
 SCHEDULE: tuple[sched.Stage, ...] = (
     sched.Stage(1, "key table", tasks=lambda lay: lay.rows, writes=("key_slots", "key_counts")),
-    sched.Stage(2, "attention", tasks=lambda lay: lay.rows * lay.head_tiles * lay.chunks, waits_on=1,
-                row_of=lambda lay, task: lay.s2_task(task)[0],
-                awaits=lambda lay, task, m: (lay.s2_task(task)[0], 1),
+    sched.Stage(2, "attention", tasks=lambda lay: lay.rows * lay.head_tiles * lay.chunks,
+                row_of=lambda lay, task: lay.s2_task(task)[0], waits=(sched.Wait(1, _s2_awaits),),
                 reads=("key_slots", "key_counts"), writes=("attn_ml", "attn_acc")),
-    sched.Stage(3, "merge", tasks=lambda lay: lay.rows * lay.heads, waits_on=2,
-                row_of=lambda lay, task: lay.s3_task(task)[0], awaits=_s3_awaits,
+    sched.Stage(3, "merge", tasks=lambda lay: lay.rows * lay.heads,
+                row_of=lambda lay, task: lay.s3_task(task)[0], waits=(sched.Wait(2, _s3_awaits),),
                 reads=("attn_ml", "attn_acc"), writes=("xo_codes", "xo_scales")),
-    sched.Stage(4, "wo_a", tasks=lambda lay: lay.o_tiles * WOA_PARTS, waits_on=3, awaits=_s4_awaits,
+    sched.Stage(4, "wo_a", tasks=lambda lay: lay.o_tiles * WOA_PARTS, waits=(sched.Wait(3, _s4_awaits),),
                 reads=("xo_codes", "xo_scales"), writes=("woa_raw",)),
-    sched.Stage(5, "z quant", tasks=lambda lay: lay.rows, waits_on=4, row_of=_row,
-                awaits=lambda lay, row, m: (0, lay.tasks(4)), reads=("woa_raw",), writes=("z_codes", "z_scales")),
-    sched.Stage(6, "wo_b", tasks=lambda lay: WOB_TILES, waits_on=5, awaits=lambda lay, task, m: (0, m),
+    sched.Stage(5, "z quant", tasks=lambda lay: lay.rows, row_of=_row,
+                waits=(sched.Wait(4, lambda lay, row, m, data: (0, lay.tasks(4))),), reads=("woa_raw",),
+                writes=("z_codes", "z_scales")),
+    sched.Stage(6, "wo_b", tasks=lambda lay: WOB_TILES, waits=(sched.Wait(5, sched.rows_below_m),),
                 publishes=False, pushes=lambda lay, task, rank: lay.s6_pushes(task, rank),
                 reads=("z_codes", "z_scales"), writes=("partial",)),
-    sched.Stage(7, "reduce + seam", tasks=lambda lay: lay.seam.s1_tasks,
-                row_of=lambda lay, task: lay.s7_task(task)[0] * SEAM_GROUP,
+    sched.Stage(7, "reduce + seam", tasks=seam_layout.fold_tasks, row_of=seam_layout.fold_row,
                 peer_awaits=lambda lay, task, rank: lay.s7_peer_awaits(task, rank),
                 pushes=lambda lay, task, rank: lay.s7_pushes(task, rank), writes=("partials",)),
-    sched.Stage(8, "seam gate", tasks=lambda lay: lay.rows, waits_on=7, row_of=_row, awaits=_s8_awaits,
+    sched.Stage(8, "seam gate", tasks=lambda lay: lay.rows, row_of=_row, waits=(sched.Wait(7, seam_layout.gate_awaits),),
                 reads=("partials",), writes=("ffn_codes", "ffn_scales")),
 )
 
@@ -231,7 +230,7 @@ F32_REGIONS: tuple[sched.Region, ...] = (
     sched.Region("woa_raw", lambda lay: WOA_PARTS * lay.rows * lay.o_width,
                  "[2 K halves, rows, o_width] wo_a's f32 halves (S5 sums them)"),
     sched.Region("partials", lambda lay: lay.rows * SEAM_CHUNKS * PARTIALS,
-                 "[rows, 56, 25] the FFN seam's mix partials (K1Layout.partials' layout)"),
+                 "[rows, 56, 25] the FFN seam's mix partials (K1's partials' layout)"),
 )
 
 I32_REGIONS: tuple[sched.Region, ...] = (
@@ -310,9 +309,9 @@ class K2Layout(sched.ScheduledLayout):
         return math.ceil(self.keys / self.chunk)
 
     @property
-    def seam(self) -> K1Layout:
-        """K1's seam decomposition, reused for the FFN seam (one definition, both launches)."""
-        return K1Layout(self.tp, self.rows)
+    def row_tiles(self) -> int:
+        """16-token column blocks of the MFMA B operand."""
+        return math.ceil(self.rows / TILE_N)
 
     @property
     def two_hop(self) -> bool:
@@ -375,8 +374,8 @@ class K2Layout(sched.ScheduledLayout):
         return task // WOA_PARTS, task % WOA_PARTS
 
     def s7_task(self, task):
-        """(row group of 16, column chunk of 128), K1's S1 numbering (its S2's awaits)."""
-        return task // SEAM_CHUNKS, task % SEAM_CHUNKS
+        """(row group of 16, column chunk of 128): the seam's fold task (seam_layout)."""
+        return seam_layout.fold_task(task)
 
     def wob_owner(self, tile: int) -> int:
         return tile * TILE_N // self.owned_cols
@@ -515,7 +514,7 @@ class K2Layout(sched.ScheduledLayout):
     @property
     def operand_rows(self) -> int:
         """Token rows a GEMV's B operand reads: whole 16-token tiles (K1Layout.operand_rows)."""
-        return math.ceil(self.rows / TILE_N) * TILE_N
+        return self.row_tiles * TILE_N
 
     @property
     def xo_codes(self) -> int:

@@ -28,8 +28,8 @@ Semantics: moe_reference.py; device code: moe_kernel.py.
 
 SCHEDULE below is K2's whole table: part one's stages (layout.py) and then these, each with its
 task count, waits, pushes, flags and scratch regions (templates/schedule.py). The sync words, the
-scratch offsets, the protocol model's `program`, the kernel's waits, publishes and task loops and
-the stage-subset builds all follow it.
+scratch offsets, the protocol model's `program`, the kernel's stage loops (templates/stage_loop.py)
+and the stage-subset builds all follow it.
 
 A routed task waits only on the producer tasks that write what it reads. S16 (a pick) reads the
 gate / up S15 wrote for its expert's union slot: it waits on the union (S11 also writes each
@@ -50,8 +50,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ... import deepseek_v4
-from .. import schedule as sched
-from ..geometry import CTAS, SEAM_GROUP, TILE_N
+from .. import schedule as sched, seam_layout
+from ..geometry import CTAS, TILE_N
 from .layout import BYTE_REGIONS, F32_REGIONS, I32_REGIONS, WOB_TILES, K2Layout
 from .layout import SCHEDULE as PART_ONE
 
@@ -100,34 +100,45 @@ def _s18_down_awaits(lay: "K2MoeLayout", task, m, data: sched.Lookup):
     return task // DOWN_TILES, lay.union_max, per_slot
 
 
+def _s18_shared_awaits(lay: "K2MoeLayout", task, m, data: sched.Lookup):
+    """The shared down task of the task's tile."""
+    return task, 1
+
+
+def _union(lay: "K2MoeLayout", task, m, data: sched.Lookup):
+    """S11's one flag."""
+    return 0, 1
+
+
 MOE_STAGES: tuple[sched.Stage, ...] = (
-    sched.Stage(9, "router logits", tasks=lambda lay: EXPERTS // LOGIT_EXPERTS, waits_on=8,
-                awaits=lambda lay, task, m: (0, m), writes=("logits",)),
-    sched.Stage(10, "top-6", tasks=lambda lay: lay.rows, waits_on=9, row_of=_row,
-                awaits=lambda lay, row, m: (0, lay.tasks(9)), reads=("logits",), writes=("ids", "route_weights")),
-    sched.Stage(11, "union", tasks=lambda lay: 1, waits_on=10, awaits=lambda lay, task, m: (0, m), reads=("ids",),
+    sched.Stage(9, "router logits", tasks=lambda lay: EXPERTS // LOGIT_EXPERTS,
+                waits=(sched.Wait(8, sched.rows_below_m),), writes=("logits",)),
+    sched.Stage(10, "top-6", tasks=lambda lay: lay.rows, row_of=_row,
+                waits=(sched.Wait(9, lambda lay, row, m, data: (0, lay.tasks(9))),), reads=("logits",),
+                writes=("ids", "route_weights")),
+    sched.Stage(11, "union", tasks=1, waits=(sched.Wait(10, sched.rows_below_m),), reads=("ids",),
                 writes=("union", "union_size", "pick_of", "slot_of")),
-    sched.Stage(12, "shared gate/up", tasks=lambda lay: 2 * lay.inter // TILE_N * SHARED_K_PARTS, waits_on=8,
-                awaits=lambda lay, task, m: (0, m), reads=("ffn_codes", "ffn_scales"), writes=("sgu_raw",)),
-    sched.Stage(13, "shared act", tasks=lambda lay: lay.rows, waits_on=12, row_of=_row,
-                awaits=lambda lay, row, m: (0, lay.tasks(12)), reads=("sgu_raw",), writes=("sh_codes", "sh_scales")),
-    sched.Stage(14, "shared down", tasks=lambda lay: WOB_TILES, waits_on=13, awaits=lambda lay, task, m: (0, m),
+    sched.Stage(12, "shared gate/up", tasks=lambda lay: 2 * lay.inter // TILE_N * SHARED_K_PARTS,
+                waits=(sched.Wait(8, sched.rows_below_m),), reads=("ffn_codes", "ffn_scales"), writes=("sgu_raw",)),
+    sched.Stage(13, "shared act", tasks=lambda lay: lay.rows, row_of=_row,
+                waits=(sched.Wait(12, lambda lay, row, m, data: (0, lay.tasks(12))),), reads=("sgu_raw",),
+                writes=("sh_codes", "sh_scales")),
+    sched.Stage(14, "shared down", tasks=lambda lay: WOB_TILES, waits=(sched.Wait(13, sched.rows_below_m),),
                 reads=("sh_codes", "sh_scales"), writes=("shared_raw",)),
-    sched.Stage(15, "routed gate/up", tasks=lambda lay: lay.union_max * (lay.inter // TILE_N), waits_on=11,
-                awaits=lambda lay, task, m: (0, 1),
+    sched.Stage(15, "routed gate/up", tasks=lambda lay: lay.union_max * (lay.inter // TILE_N),
+                waits=(sched.Wait(11, _union),),
                 reads=("union", "union_size", "pick_of", "ffn_codes", "ffn_scales"), writes=("gu",)),
-    sched.Stage(16, "routed act", tasks=lambda lay: lay.picks, waits_on=11, row_of=lambda lay, pick: pick // TOPK,
-                awaits=lambda lay, pick, m: (0, 1), then=(sched.Wait(15, _s16_slot_awaits),),
+    sched.Stage(16, "routed act", tasks=lambda lay: lay.picks, row_of=lambda lay, pick: pick // TOPK,
+                waits=(sched.Wait(11, _union), sched.Wait(15, _s16_slot_awaits)),
                 reads=("ids", "slot_of", "gu"), writes=("rh_codes", "rh_scales")),
-    sched.Stage(17, "routed down", tasks=lambda lay: lay.union_max * (WOB_TILES // DOWN_TILES), waits_on=16,
-                awaits=lambda lay, task, m: (0, TOPK * m),
+    sched.Stage(17, "routed down", tasks=lambda lay: lay.union_max * (WOB_TILES // DOWN_TILES),
+                waits=(sched.Wait(16, lambda lay, task, m, data: (0, TOPK * m)),),
                 reads=("union", "union_size", "pick_of", "rh_codes", "rh_scales", "route_weights"),
                 writes=("routed_y",)),
-    sched.Stage(18, "MoE partial", tasks=lambda lay: WOB_TILES, waits_on=14, awaits=lambda lay, task, m: (task, 1),
-                then=(sched.Wait(17, _s18_down_awaits),), publishes=False,
+    sched.Stage(18, "MoE partial", tasks=lambda lay: WOB_TILES,
+                waits=(sched.Wait(14, _s18_shared_awaits), sched.Wait(17, _s18_down_awaits)), publishes=False,
                 pushes=lambda lay, task, rank: lay.s18_pushes(task, rank), reads=("ids", "routed_y", "shared_raw")),
-    sched.Stage(19, "MoE reduce", tasks=lambda lay: lay.seam.s1_tasks,
-                row_of=lambda lay, task: lay.s7_task(task)[0] * SEAM_GROUP,
+    sched.Stage(19, "MoE reduce", tasks=seam_layout.fold_tasks, row_of=seam_layout.fold_row,
                 peer_awaits=lambda lay, task, rank: lay.s19_peer_awaits(task, rank),
                 pushes=lambda lay, task, rank: lay.s19_pushes(task, rank)),
 )
