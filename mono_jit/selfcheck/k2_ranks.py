@@ -152,7 +152,8 @@ class K2Ranks:
         self.ties = []
         for run, own in zip(runs, owns):
             scratch = run.scratch()
-            self.ties.append(xo_tie_flips(scratch["xo_codes"], scratch["xo_scales"], own, run.x, run.w))
+            self.ties.append(xo_tie_flips(scratch["xo_codes"], scratch["xo_scales"], own, run.x, run.w,
+                                          f"rank {run.rank}'s xo"))
         chained = [run.own_partial() for run in runs]
         x_norm = first.outputs()["x_norm"]
         wants = [moe_ref.rank_moe(x_norm, w, first.route_ids) for w in self.moes]

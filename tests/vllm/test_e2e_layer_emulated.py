@@ -36,7 +36,10 @@ from e2e_world import LAYERS, STEPS, base_checkpoint, layer_checkpoint
 from layer_math import BOUNDS, check_swa_cache, decode_layer, layer_errors
 
 from mono_jit.selfcheck.k1_world import Mismatch
-from mono_jit.selfcheck.k2_ties import fold_tie_flips
+from mono_jit.selfcheck.k2_run import partial_from_xo
+from mono_jit.selfcheck.k2_ties import xo_tie_flips
+from mono_jit.templates.k2 import reference as k2
+from mono_jit.templates.reference_math import fold
 
 pytest.importorskip("numba", reason="the emulator needs the emulate extra (numba, tinygrad)")
 pytest.importorskip("tinygrad", reason="the emulator needs the emulate extra (numba, tinygrad)")
@@ -113,22 +116,33 @@ def check_against_vllms_math(ranks, checkpoints, measured, layer: int, names: tu
         measured("e2e emulated SWA record bytes off", off)
 
 
-def check_res_out(actual: torch.Tensor, reference: dict, live: int, worst: float) -> int:
-    """res_out ([live, 4, H]) against the reference backend's within `worst` a value, but for
-    values a rounding tie of y explains (k2_ties.fold_tie_flips: the reference's unrounded y within
-    one rank's partial ulp of a bf16 boundary, and its fold with y rounded the other way within
-    `worst` of the kernel's value); returns how many it admitted."""
-    residual, post, comb = (t[:live] for t in reference["k2_fold"])
-    partials = [p[:live] for p in reference["attn_partials"]]
-    expected = reference["res_out"][:live].reshape(actual.shape)
-    return fold_tie_flips(actual, expected, partials, residual, post, comb, worst)
+def check_res_out(ranks: list[dict], s: int, layer: int, actual: torch.Tensor, reference: dict, live: int) -> int:
+    """res_out ([live, 4, H]) chained, as K2Ranks.check holds R: each rank's K2 attention hand-off
+    (its xo codes, e2e_rank.k2_attention_hand_off) equal to the reference's but for one-step flips
+    at rounding ties (k2_ties.xo_tie_flips), and res_out within K2's worst element of the
+    reference's fold of the y those codes give (wo_a, wo_b, the all-reduce: the reference's
+    S4-S7 on every rank's own codes). Returns the codes admitted as tie flips. With none the
+    chain is the reference backend's own res_out (its S4-S7 on equal codes)."""
+    inputs, weights, attention = reference["k2_inputs"], reference["k2_weights"], reference["k2_attention"]
+    m = attention[0].xo_codes.shape[0]
+    hand_offs = [rank["steps"][s]["layers"][layer]["xo"] for rank in ranks]
+    flips = sum(xo_tie_flips(codes, scales, own, x, w)
+                for (codes, scales), own, x, w in zip(hand_offs, attention, inputs, weights))
+    partials = [partial_from_xo({"xo_codes": codes, "xo_scales": scales}, m, w)
+                for (codes, scales), w in zip(hand_offs, weights)]
+    x = inputs[0]
+    want = fold(k2.all_reduce(partials), x.residual, x.post, x.comb, True)[:live].reshape(actual.shape).float()
+    worst = K2_ERRORS["res_out"][0]
+    torch.testing.assert_close(actual, want, rtol=worst, atol=worst,
+                               msg=lambda text: f"step {s} layer {layer} res_out (chained): {text}")
+    return flips
 
 
 def check_against_the_reference_backend(ranks, checkpoints, measured, layer: int, names: tuple[str, ...]) -> None:
     """Outputs `names` of every step run against the references composed over the ranks (K2's
     seam and MoE: fed the kernel's own R) within the kernels' stated errors, res_out's worst
-    element but for y's rounding ties (check_res_out); the SWA cache identical to the
-    reference's insert."""
+    element chained (check_res_out; its mean against the reference's own); the SWA cache
+    identical to the reference's insert."""
     for s, record in ranks[0]["steps"].items():
         entry = record["layers"][layer]
         step = layer_step(record, entry)
@@ -144,8 +158,8 @@ def check_against_the_reference_backend(ranks, checkpoints, measured, layer: int
             error = (actual - expected).abs().mean().item()
             measured(f"e2e emulated vs reference {name} mean", error)
             if name == "res_out":
-                measured("e2e emulated res_out values admitted as y tie flips", check_res_out(actual, reference, live,
-                                                                                             worst))
+                measured("e2e emulated xo codes admitted as tie flips", check_res_out(ranks, s, layer, actual,
+                                                                                      reference, live))
             else:
                 torch.testing.assert_close(actual, expected, rtol=worst, atol=worst,
                                            msg=lambda text: f"step {s} layer {layer} {name}: {text}")
@@ -163,11 +177,10 @@ def test_e2e_emulated_layer_up_to_the_moe_equals_the_reference_backend(ranks, ch
     check_against_the_reference_backend(ranks, checkpoints, measured, layer, BEFORE_THE_MOE)
 
 
-def test_e2e_emulated_res_out_off_by_more_than_a_tie_of_y_fails(ranks, checkpoints):
-    """Layer 0, step 0's res_out perturbed by 0.05 away from the reference's, at a value the
-    check admits as a tie flip and at one it holds within the bound: each fails check_res_out
-    (a flip of y moves a value by post x ulp(y), 0.0146 at |y| ~ 1, and the refold must be within
-    1e-2 of the kernel's value)."""
+def test_e2e_emulated_res_out_and_hand_offs_off_by_more_than_a_tie_fail(ranks, checkpoints):
+    """Layer 0, step 0 fed to check_res_out perturbed: res_out 0.05 off at the value 0.0146 off the
+    reference backend's (a tie of y) and at one within the bound; one rank's xo code one step
+    off where no tie is. Each fails."""
     record = ranks[0]["steps"][0]
     entry = record["layers"][0]
     live = record["plan"].requests
@@ -178,9 +191,16 @@ def test_e2e_emulated_res_out_off_by_more_than_a_tie_of_y_fails(ranks, checkpoin
     tied = ((actual - expected).abs() > worst + worst * expected.abs()).nonzero().tolist()
     for at in tied + [[0, 1, 100]]:
         bad = actual.clone()
-        bad[tuple(at)] += 0.05 if bad[tuple(at)] >= expected[tuple(at)] else -0.05
-        with pytest.raises(Mismatch, match="not explained by a rounding tie of y"):
-            check_res_out(bad, reference, live, worst)
+        bad[tuple(at)] += 0.05
+        with pytest.raises(AssertionError, match="res_out"):
+            check_res_out(ranks, 0, 0, bad, reference, live)
+    codes, scales = ranks[3]["steps"][0]["layers"][0]["xo"]
+    bad_codes = codes.clone()
+    bad_codes[0, 100] += 1 if int(bad_codes[0, 100]) & 0x7F < 0x7E else -1
+    corrupt = [dict(rank, steps={0: {"layers": {0: {"xo": (bad_codes, scales)}}}}) if r == 3 else rank
+               for r, rank in enumerate(ranks)]
+    with pytest.raises(Mismatch, match="not explained by a rounding tie"):
+        check_res_out(corrupt, 0, 0, actual, reference, live)
 
 
 @pytest.mark.parametrize("layer", LAYERS, ids=[f"layer{i}" for i in LAYERS])
