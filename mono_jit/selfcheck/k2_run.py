@@ -250,8 +250,9 @@ class K2Run:
 
     def check(self, want: ref.K2Outputs) -> None:
         """The FFN seam's outputs, rows past m untouched (K1's tolerances: f32 sums in another
-        order, a bf16 ulp, an fp8 code flipped by it): R against the reference, the gate and
-        x_norm against the seam of the kernel's own R. Against the reference's R they are not
+        order, a bf16 ulp, an fp8 code flipped by it): R against `want`'s (K2Ranks.check passes
+        the reference fed every rank's own xo codes, k2_ties.py), the gate and x_norm against the
+        seam of the kernel's own R. Against the reference's R they are not
         held: R's 1-ulp roundings (from the ranks' partials, each a GEMV in another order) move
         post by up to 1.8e-3 (the whole K2 on 8 emulated ranks, tests/test_emulated_k2.py)."""
         got = self.outputs()
