@@ -31,7 +31,7 @@ import torch
 from ..deepseek_v4 import NOPE
 from ..templates.geometry import MX_BLOCK
 from ..templates.k2 import reference as ref
-from ..templates.reference_math import e4m3_value, e8m0_inverse, rope_angles
+from ..templates.reference_math import e4m3_value, e8m0_inverse, fold, rope_angles
 from .k1_world import Mismatch
 
 TIE_ULPS = 32
@@ -121,3 +121,46 @@ def xo_tie_flips(codes: torch.Tensor, scales: torch.Tensor, want: ref.RankOutput
         raise Mismatch(f"{name} codes differ from the reference's at {len(at)} values not explained by a rounding tie, "
                        f"first (row {r}, col {c}): {int(codes[r, c])} for {int(want.xo_codes[r, c])}")
     return int(admitted.sum())
+
+
+def bf16_ulp(x: torch.Tensor) -> torch.Tensor:
+    """The spacing of bf16 values at each of x's (f32): 2^(exponent - 7), 0 at 0."""
+    _, exponent = torch.frexp(x.float())
+    return torch.where(x == 0, 0.0, torch.ldexp(torch.ones_like(x, dtype=torch.float32), exponent - 8))
+
+
+def fold_tie_flips(got: torch.Tensor, want: torch.Tensor, partials: list[torch.Tensor], residual: torch.Tensor,
+                   post: torch.Tensor, comb: torch.Tensor, worst: float) -> int:
+    """The values of the kernel's R after the attention fold (`got`, [M, 4, H]) past `worst`
+    (relative and absolute, as torch.testing.assert_close) of the reference's `want` that a
+    rounding tie of y explains; raises Mismatch on any other.
+
+    y is the all-reduced attention output, bf16 of the ranks' bf16 `partials` summed in f32 in
+    rank order, and the fold is bf16(post x y + comb^T R) in f32, so one bf16 ulp of y moves R by
+    post x ulp(y) (1.87 x 2^-7 = 0.0146 at |y| ~ 1, past 1e-2). The kernel sums in the same order
+    but its partials may each be a bf16 ulp off the reference's (S6's f32 GEMV sums in another
+    order; K2Run.check's model). So its unrounded y may round to the other bf16 neighbour only
+    where the reference's unrounded y lies within the largest ulp of one rank's partial of a bf16
+    rounding boundary (the kernel's y is not written anywhere it can be read). A value past the
+    bound is admitted only there, and only if the reference's fold with y rounded the other way
+    is within `worst` of the kernel's value."""
+    got, want = got.float(), want.float()
+    off = (got - want).abs() > worst + worst * want.abs()
+    if not off.any():
+        return 0
+    summed = partials[0].float()
+    for p in partials[1:]:
+        summed = summed + p.float()
+    reach = torch.stack([bf16_ulp(p.float()) for p in partials]).amax(0)
+    low, high = to_bf16(summed - reach), to_bf16(summed + reach)
+    tie = low != high
+    other = torch.where(to_bf16(summed) == low, high, low).to(torch.bfloat16)
+    refolded = fold(other, residual, post, comb, True).float()
+    explained = tie[:, None, :] & ((got - refolded).abs() <= worst + worst * refolded.abs())
+    unexplained = off & ~explained
+    if unexplained.any():
+        at = unexplained.nonzero().tolist()
+        r, s, h = at[0]
+        raise Mismatch(f"R: {len(at)} values past {worst} not explained by a rounding tie of y, first (row {r}, "
+                       f"stream {s}, col {h}): {float(got[r, s, h])} for {float(want[r, s, h])}")
+    return int(off.sum())
