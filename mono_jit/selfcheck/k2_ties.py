@@ -22,6 +22,9 @@ chunks (S2 then S3's merge): 82 at bucket 1 (18 chunks of 64 of CSA's 1152 keys)
 bucket 64 (4 of 320); f32 roundings of random sign grow as the square root of the depth, 18
 ulps of A at 324, and sqrt(2) x 18 ~ 25 for acc and l together, with exp2's and the
 reciprocal's ulps: 32. The flips seen needed 1 and 0.26 ulp(A).
+
+fold_tie_flips is the same idea one stage on, for R after the attention fold where the y the
+kernel summed cannot be read: a value past its bound must be the fold of y's other bf16 neighbour.
 """
 
 from __future__ import annotations
@@ -137,13 +140,14 @@ def fold_tie_flips(got: torch.Tensor, want: torch.Tensor, partials: list[torch.T
 
     y is the all-reduced attention output, bf16 of the ranks' bf16 `partials` summed in f32 in
     rank order, and the fold is bf16(post x y + comb^T R) in f32, so one bf16 ulp of y moves R by
-    post x ulp(y) (1.87 x 2^-7 = 0.0146 at |y| ~ 1, past 1e-2). The kernel sums in the same order
-    but its partials may each be a bf16 ulp off the reference's (S6's f32 GEMV sums in another
-    order; K2Run.check's model). So its unrounded y may round to the other bf16 neighbour only
-    where the reference's unrounded y lies within the largest ulp of one rank's partial of a bf16
-    rounding boundary (the kernel's y is not written anywhere it can be read). A value past the
-    bound is admitted only there, and only if the reference's fold with y rounded the other way
-    is within `worst` of the kernel's value."""
+    post x ulp(y) (1.87 x 2^-7 = 0.0146 at |y| ~ 1, past 1e-2). The kernel sums in the same order,
+    but its partials may each be a bf16 ulp or more off the reference's (S6's f32 GEMV order; an
+    xo code flipped at a tie upstream moves a partial by up to 0.0098). A value past the bound is
+    admitted only where the reference's unrounded y lies within the largest bf16 ulp of one rank's
+    partial of a bf16 boundary, and only if the reference's fold with y rounded the other way is
+    within `worst` of the kernel's value. The first condition is weak (8 partials each carry an
+    ulp: most y values are that close to a boundary); the refold's match is what holds the value,
+    and callers that can read every rank's hand-off hold R chained as well."""
     got, want = got.float(), want.float()
     off = (got - want).abs() > worst + worst * want.abs()
     if not off.any():
