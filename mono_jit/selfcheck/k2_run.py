@@ -15,7 +15,7 @@ from ..templates.base import in_order
 from ..spec import Spec
 from ..templates import get
 from ..templates.geometry import PEERS
-from ..templates.reference_math import mxfp8_dequantize
+from ..templates.reference_math import mxfp8_dequantize, mxfp8_quantize
 from ..templates.k2 import moe_reference as moe_ref
 from ..templates.k2 import reference as ref
 from ..templates.k2.layout import STATE_TABLE, WEIGHT_TABLE
@@ -32,6 +32,27 @@ def _pad_rows(t: torch.Tensor, rows: int, fill: float | int = 0) -> torch.Tensor
     out = torch.full((rows, *t.shape[1:]), fill, dtype=t.dtype)
     out[: t.shape[0]] = t
     return out
+
+
+def scratch_regions(lay: K2MoeLayout, work: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A K2 work buffer's (f32 words, on the CPU) attention hand-off regions (K2Layout offsets)."""
+    i32 = work.view(torch.int32)[lay.i32_at // 4: lay.i32_at // 4 + lay.i32_words]
+    u8 = work.view(torch.uint8)[lay.u8_at: lay.u8_at + lay.bytes]
+    width = lay.heads * 512
+    return {
+        "slots": i32[lay.key_slots: lay.key_counts].view(lay.rows, lay.keys),
+        "counts": i32[lay.key_counts: lay.key_counts + 2 * lay.rows].view(lay.rows, 2),
+        "xo_codes": u8[lay.xo_codes: lay.xo_codes + lay.rows * width].view(lay.rows, width),
+        "xo_scales": u8[lay.xo_scales: lay.xo_scales + lay.rows * width // 32].view(lay.rows, width // 32),
+        "z_codes": u8[lay.z_codes: lay.z_codes + lay.rows * lay.o_width].view(lay.rows, lay.o_width),
+        "z_scales": u8[lay.z_scales: lay.z_scales + lay.rows * lay.o_width // 32].view(lay.rows, -1),
+    }
+
+
+def partial_from_xo(scratch: dict[str, torch.Tensor], m: int, w: ref.K2Weights) -> torch.Tensor:
+    """The reference's S4-S6 (wo_a, bf16, MXFP8, wo_b, bf16) on a kernel's xo hand-off (rows :m)."""
+    z = ref.wo_a(scratch["xo_codes"][:m], scratch["xo_scales"][:m], w)
+    return ref.wo_b(*mxfp8_quantize(z), w)
 
 
 class K2Run:
@@ -136,18 +157,13 @@ class K2Run:
 
     def scratch(self) -> dict[str, torch.Tensor]:
         """The work buffer's hand-off regions (K2Layout offsets)."""
-        lay, work = self.lay, self.work.cpu()
-        i32 = work.view(torch.int32)[lay.i32_at // 4: lay.i32_at // 4 + lay.i32_words]
-        u8 = work.view(torch.uint8)[lay.u8_at: lay.u8_at + lay.bytes]
-        width = lay.heads * 512
-        return {
-            "slots": i32[lay.key_slots: lay.key_counts].view(lay.rows, lay.keys),
-            "counts": i32[lay.key_counts: lay.key_counts + 2 * lay.rows].view(lay.rows, 2),
-            "xo_codes": u8[lay.xo_codes: lay.xo_codes + lay.rows * width].view(lay.rows, width),
-            "xo_scales": u8[lay.xo_scales: lay.xo_scales + lay.rows * width // 32].view(lay.rows, width // 32),
-            "z_codes": u8[lay.z_codes: lay.z_codes + lay.rows * lay.o_width].view(lay.rows, lay.o_width),
-            "z_scales": u8[lay.z_scales: lay.z_scales + lay.rows * lay.o_width // 32].view(lay.rows, -1),
-        }
+        return scratch_regions(self.lay, self.work.cpu())
+
+    def own_partial(self) -> torch.Tensor:
+        """The reference's wo_a and wo_b (stages S4-S6) fed the kernel's own attention hand-off
+        (its xo codes and scales after S3): the partial [m, 7168] bf16 the reference would push
+        from what this rank's S3 wrote."""
+        return partial_from_xo(self.scratch(), self.m, self.w)
 
     def write_scratch(self, name: str, value: torch.Tensor) -> None:
         """Put a reference hand-off where a standalone stage reads it (rows 0.. of the region)."""
@@ -234,8 +250,9 @@ class K2Run:
 
     def check(self, want: ref.K2Outputs) -> None:
         """The FFN seam's outputs, rows past m untouched (K1's tolerances: f32 sums in another
-        order, a bf16 ulp, an fp8 code flipped by it): R against the reference, the gate and
-        x_norm against the seam of the kernel's own R. Against the reference's R they are not
+        order, a bf16 ulp, an fp8 code flipped by it): R against `want`'s (K2Ranks.check passes
+        the reference fed every rank's own xo codes, k2_ties.py), the gate and x_norm against the
+        seam of the kernel's own R. Against the reference's R they are not
         held: R's 1-ulp roundings (from the ranks' partials, each a GEMV in another order) move
         post by up to 1.8e-3 (the whole K2 on 8 emulated ranks, tests/test_emulated_k2.py)."""
         got = self.outputs()

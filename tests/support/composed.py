@@ -40,8 +40,9 @@ def rank_weights(w: lm.CheckpointLayer, r: int, tp: int = 8) -> tuple[k1.K1Weigh
 
 def compose(step: lm.LayerStep, w: lm.CheckpointLayer, tp: int = 8) -> dict[str, torch.Tensor]:
     """K1's reference on each rank (its rank_tensors), the KV insert, K2's reference (part one and the
-    MoE) over the ranks: the layer's outputs, its SWA cache after the insert, y (attn_out) and
-    the routed experts."""
+    MoE) over the ranks: the layer's outputs, its SWA cache after the insert, y (attn_out), each
+    rank's K2 inputs, part-one weights and stages 1-3 (k2_inputs, k2_weights, k2_attention) and the
+    routed experts."""
     fold = step.x is not None
     cache = step.swa_cache.clone()
     weights = [rank_weights(w, r, tp) for r in range(tp)]
@@ -59,8 +60,9 @@ def compose(step: lm.LayerStep, w: lm.CheckpointLayer, tp: int = 8) -> dict[str,
                          step.route_ids if w.hash_layer else None)
     out = whole[0].outputs
     return dict(normed=fronts[0].x_norm, qr=fronts[0].qr, records=fronts[0].records, swa_cache=cache,
-                attn_out=whole[0].part_one.y, out=out.out, res_out=out.res_out, post_out=out.post_out,
-                comb_out=out.comb_out, pre_out=out.pre_out, expert_ids=whole[0].moe.ids)
+                attn_out=whole[0].part_one.y, k2_inputs=inputs, k2_weights=[b for _, b, _ in weights],
+                k2_attention=[r.part_one.rank for r in whole], out=out.out, res_out=out.res_out,
+                post_out=out.post_out, comb_out=out.comb_out, pre_out=out.pre_out, expert_ids=whole[0].moe.ids)
 
 
 def from_own_seam(res_out: torch.Tensor, step: lm.LayerStep, w: lm.CheckpointLayer, tp: int = 8) -> dict[str, torch.Tensor]:

@@ -40,6 +40,8 @@ from e2e_world import (ACTIVE, CACHE_PAGES, HCA_WIDTH, KV_BLOCK, LAYERS, ROWS_CA
 from layer_math import encode_records, insert_records, rank_tensors  # noqa: E402
 
 from mono_jit import deepseek_v4  # noqa: E402
+from mono_jit.selfcheck.k2_run import scratch_regions  # noqa: E402
+from mono_jit.templates.k2.moe_layout import K2MoeLayout  # noqa: E402
 
 V4_PRO = dict(hidden_size=7168, moe_intermediate_size=3072, num_attention_heads=128, q_lora_rank=1536,
               o_groups=16, o_lora_rank=1024, index_n_heads=64, index_head_dim=128)
@@ -170,8 +172,9 @@ def original_path(*args, **kwargs):
 
 
 def run_steps(layers: dict, cfg, stand_ins: StandIns, rank: int, record: bool,
-              indices: range = range(len(STEPS))) -> list[dict]:
-    """The steps of STEPS at `indices` through the five layers, as the model loop threads them."""
+              indices: range = range(len(STEPS)), attention_hand_off: bool = False) -> list[dict]:
+    """The steps of STEPS at `indices` through the five layers, as the model loop threads them;
+    `record`: the inputs, caches and K2's buffers too; `attention_hand_off`: K2's xo codes."""
     from vllm.config import CUDAGraphMode
     from vllm.forward_context import set_forward_context
 
@@ -201,6 +204,8 @@ def run_steps(layers: dict, cfg, stand_ins: StandIns, rank: int, record: bool,
                                  swa_before=swa_before, swa_after=flat(attn.swa_cache_layer.kv_cache).clone(),
                                  comp_after=flat(attn.kv_cache).clone(), selected=list(stand_ins.selected),
                                  metadata=snapshot(md, layer, rows), k2_hand_offs=k2_hand_offs(attn, rows))
+                if attention_hand_off:
+                    entry["xo"] = k2_attention_hand_off(attn, rows)
                 step["layers"][index] = entry
                 x, residual, post_mix, res_mix = out
         results.append(step)
@@ -217,6 +222,18 @@ def k2_hand_offs(attn, rows: int) -> dict:
     build = runner._entry("k2", rows, attn.compress_ratio)
     return {"x_norm": runner.ffn_norm_out[:rows].clone(), "work": runner.buffers[build]["work"].clone(),
             "bucket": build.spec.max_tokens}
+
+
+def k2_attention_hand_off(attn, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's K2 attention hand-off for the layer's step (copies): S3's MXFP8 codes and
+    scales of o after the inverse RoPE, from its work buffer (what the checking test feeds
+    the reference's wo_a / wo_b to get the y the ranks' kernels summed)."""
+    from vllm.models.deepseek_v4.amd import mono_decode
+
+    runner = mono_decode._runner
+    build = runner._entry("k2", rows, attn.compress_ratio)
+    regions = scratch_regions(K2MoeLayout.of(build.spec), runner.buffers[build]["work"].cpu())
+    return regions["xo_codes"][:rows].clone(), regions["xo_scales"][:rows].clone()
 
 
 def snapshot(md: dict, layer, rows: int) -> dict:
@@ -299,7 +316,7 @@ def main(rank: int, port: int, out: Path) -> None:
         mp.setattr(layer, "_forward_fused_post_pre", original_path)
         mp.setattr(layer, "_forward_unfused_post_pre", original_path)
     steps = chosen_steps()
-    results = run_steps(layers, cfg, stand_ins, rank, record=rank == 0, indices=steps)
+    results = run_steps(layers, cfg, stand_ins, rank, record=rank == 0, indices=steps, attention_hand_off=True)
     runner = mono_decode._runner
     replayed = {}
     if os.environ.get("E2E_REPLAY", "1") == "1":
