@@ -130,18 +130,19 @@ def test_three_launches_in_a_row_on_one_sync_area(k2_cache, shards, request, buc
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", [1, 2])
 def test_worlds_with_rounding_ties_at_bucket_1(k2_cache, shards, moes, seed):
-    """Seeds 1-3 at bucket 1 through K2Ranks.check: every xo code the reference's but for
+    """Seeds 1 and 2 at bucket 1 through K2Ranks.check: every xo code the reference's but for
     one-step flips at rounding ties (k2_ties.xo_tie_flips), R against the reference fed the
-    kernel's own xo codes. Seed 2 flips two codes (ranks 2 and 7), seed 3 one (rank 7): o 4 / 1
-    f32 ulps from the bf16 tie 58.125 (58.0 or 58.25, which scale to the e4m3 tie 232 -> 224 or
-    to 240), and seed 2's rank 7 a cancelling o (0.0017) at an e4m3 tie. Such a flip moves ~28 of
-    the rank's 2048 z codes, its partial by up to 0.0098, y by up to 0.0156 and R by post (1.89)
-    x y: up to 0.023 against the reference's own R on 34 / 7 of 28,672 values, past its 1e-2
-    bound, so for them the tie-aware hand-off check is the gate and R is held chained (measured:
-    worst 0.0078 / 0.00024, mean 3.4e-7 / 8.8e-9). Seed 1 flips none and its R is held against
-    the reference's own R too (K2Run.check), as before the chain. About 70 s a seed."""
+    kernel's own xo codes. Seed 2 flips two codes: rank 2's o is 4 f32 ulps from the bf16 tie
+    58.125 (58.0 or 58.25, which scale to the e4m3 tie 232 -> 224, or to 240), rank 7's a
+    cancelling o (0.0017) at an e4m3 tie. Such a flip moves ~28 of the rank's 2048 z codes, its
+    partial by up to 0.0098, y by up to 0.0156 and R by post (1.89) x y: up to 0.023 against the
+    reference's own R on 34 of 28,672 values, past its 1e-2 bound, so for it the tie-aware
+    hand-off check is the gate and R is held chained (measured: worst 0.0078, mean 3.4e-7). Seed
+    3 (one flip at rank 7, chained worst 0.00024) passed the same way when the check was written
+    and is left out for CI's time. Seed 1 flips none and its R is held against the reference's
+    own R too (K2Run.check), as before the chain. About 70 s a seed."""
     ranks = _ranks(shards, moes, 4, 1, seed=seed)
     try:
         ranks.launch(_launcher(k2_cache, 4, 1))

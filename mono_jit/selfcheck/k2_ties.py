@@ -67,13 +67,8 @@ def unrounded_o(x: ref.K2Inputs, w: ref.K2Weights) -> tuple[torch.Tensor, torch.
     """The reference's o [M, heads, 512] f32 before its bf16 rounding (reference.attend) and its
     error scale A = sum_k p_k |v_k| / l (the same softmax weights on the values' magnitudes)."""
     values, valid = ref.gather(ref.keys(x), x.swa_cache, x.comp_cache)
-    s = ref.scores(x.q, values, valid)
-    sink2 = (w.attn_sink.float() * ref.LOG2E).expand(s.shape[0], -1)
-    m = ref._finite(torch.maximum(s.amax(-1), sink2) if s.shape[-1] else sink2)
-    p = torch.exp2(s - m[..., None]).double()
-    denominator = p.float().sum(-1) + torch.exp2(sink2 - m)
-    o = ref._normalise(torch.einsum("mhk,mkd->mhd", p, values.double()).float(), denominator)
-    return o, ref._normalise(torch.einsum("mhk,mkd->mhd", p, values.double().abs()).float(), denominator)
+    p, denominator = ref.softmax_weights(x.q, values, valid, w.attn_sink)
+    return ref.weighted(p, denominator, values), ref.weighted(p, denominator, values.abs())
 
 
 def xo_radius(o: tuple[torch.Tensor, torch.Tensor], rope: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

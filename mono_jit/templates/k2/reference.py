@@ -140,11 +140,23 @@ def attend(q: torch.Tensor, values: torch.Tensor, valid: torch.Tensor, sink: tor
     denominator only. vLLM: v1/attention/backends/mla/rocm_aiter_mla_sparse.py:752
     reference_mla_sparse_prefill (base-2 log-sum-exp, masked keys -inf), with the sink as
     rocm_aiter_mla_sparse.py:3371 _sparse_attn_decode_reduce_kernel folds it."""
+    p, denominator = softmax_weights(q, values, valid, sink)
+    return weighted(p, denominator, values)
+
+
+def softmax_weights(q: torch.Tensor, values: torch.Tensor, valid: torch.Tensor,
+                    sink: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """attend's unnormalised weights p [M, heads, keys] = 2^(s_k - m) (f32) and their
+    denominator with the sink."""
     s = scores(q, values, valid)
     sink2 = (sink.float() * LOG2E).expand(s.shape[0], -1)
     m = _finite(torch.maximum(s.amax(-1), sink2) if s.shape[-1] else sink2)
     p = torch.exp2(s - m[..., None])
-    denominator = p.sum(-1) + torch.exp2(sink2 - m)
+    return p, p.sum(-1) + torch.exp2(sink2 - m)
+
+
+def weighted(p: torch.Tensor, denominator: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """sum_k p_k values_k / denominator [M, heads, 512] f32, the sum in f64."""
     return _normalise(torch.einsum("mhk,mkd->mhd", p.double(), values.double()).float(), denominator)
 
 
