@@ -31,7 +31,7 @@ def _s3(m, shuffled, seed=3):
         n0, part = k1ad.s3_task(task)
         return n0, k1ad.s3_steps(part, wave), part
 
-    out, writes = emulate_gemv(weight, acts, m, lay.row_tiles, lay.s3_tasks, wave_work, WAVES, QKV, parts=2)
+    out, writes = emulate_gemv(weight, acts, m, lay.row_tiles, lay.tasks(3), wave_work, WAVES, QKV, parts=2)
     want = rmath.fp8_gemv(x_codes, x_scales, plain, scales, H).double()
     return out, writes, want
 
@@ -41,7 +41,7 @@ def _s5(m, shuffled, seed=4, emulate_tasks=32):
     plain, scales, x_codes, x_scales = problem(q_width, 1536, m, seed)
     weight = Fp8Weight(plain, scales, 1536, pad=256, shuffled=shuffled)
     lay = K1Layout(8, m)
-    assert lay.s5_tasks == CTAS
+    assert lay.tasks(5) == CTAS
     acts = Mxfp8Scratch(x_codes, x_scales, m, lay.operand_rows, 1536)
 
     def wave_work(task, wave):

@@ -26,7 +26,7 @@ ROW_PAD = 256  # VLLM_ROCM_FP8_PADDING's extra bytes a row
 def _gemv_work(lay: K1Layout, stage: int):
     """(weight rows [64], step, lane-group block) for every wave-step of S3 or S5, as tensors."""
     rows, steps = [], []
-    for task in range(lay.s3_tasks if stage == 3 else lay.s5_tasks):
+    for task in range(lay.tasks(3) if stage == 3 else lay.tasks(5)):
         for wave in range(WAVES):
             if stage == 3:
                 n0, part = k1ad.s3_task(task)
@@ -84,9 +84,9 @@ def test_gemv_stores_stay_inside_their_scratch_regions(rows):
     """S3 and S5 store token < m only; at m = rows every store lands inside its f32 region."""
     lay = K1Layout(8, rows)
     for waves_per_tile, tasks, width, first, end, n0_of in (
-            (WAVES, lay.s3_tasks, QKV, lay.qkv_raw, lay.q_raw,
+            (WAVES, lay.tasks(3), QKV, lay.qkv_raw, lay.q_raw,
              lambda task: (k1ad.s3_task(task)[0], k1ad.s3_task(task)[1] * rows * QKV)),
-            (k1ad.S5_WAVES_PER_TILE, lay.s5_tasks, lay.q_width, lay.q_raw, lay.f32_words,
+            (k1ad.S5_WAVES_PER_TILE, lay.tasks(5), lay.q_width, lay.q_raw, lay.f32_words,
              lambda task: (task * 32, 0))):
         tiles = WAVES // waves_per_tile
         slots = torch.arange(tiles * lay.row_tiles * 256)
@@ -113,4 +113,4 @@ def test_the_bounds_test_sees_the_reads_the_review_found():
 
 
 def test_every_s3_and_s5_task_is_a_cta():
-    assert K1Layout(8, 1).s3_tasks == 2 * S3_TILES == CTAS and K1Layout(8, 1).s5_tasks == CTAS
+    assert K1Layout(8, 1).tasks(3) == 2 * S3_TILES == CTAS and K1Layout(8, 1).tasks(5) == CTAS

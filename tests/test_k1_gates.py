@@ -11,14 +11,13 @@ import re
 import pytest
 from byte_loads import assert_codes_load_unsigned
 from cache_settings import cached_builds, settings_at
+from persistent_gates import assert_fits_the_persistent_grid
 
 from mono_jit.cache.store import Store
 from mono_jit.config import Settings
 from mono_jit.hsaco import read_metadata
 from mono_jit.isa import disassemble, find_objdump, instruction_counts
 from mono_jit.prebuild import prebuild
-from mono_jit.resources import LDS_PER_CU
-from mono_jit.runtime.kernargs import DeclaredMeta, DeclaredTable, layout
 from mono_jit.spec import STANDARD_MAX_TOKENS, Spec
 from mono_jit.templates import get
 from mono_jit.templates.k1.layout import PIN_LDS_BYTES, STATIC_LDS_BYTES, K1Layout
@@ -36,18 +35,8 @@ def k1_builds(k1_cache):
 @pytest.mark.parametrize("rows", BUCKETS)
 def test_k1_bucket_fits_the_persistent_grid(k1_builds, rows):
     meta, hsaco, _ = k1_builds[rows]
-    assert meta.launch.to_json() == {"grid": [256, 1, 1], "block": [512, 1, 1], "dynamic_lds": PIN_LDS_BYTES}
-    assert meta.persistent is True
-    (kernel,) = read_metadata(hsaco)[1]
-    assert kernel.scratch == 0 and kernel.vgpr_spills == 0 and kernel.sgpr_spills == 0
-    assert kernel.reqd_workgroup_size == (512, 1, 1)
-    residency = meta.residency[kernel.name].as_dict()
-    assert residency["ctas_per_cu"] == 1 and residency["waves_per_simd"] == 2  # one CTA on each CU
-    assert kernel.lds == STATIC_LDS_BYTES and residency["lds_bytes"] > LDS_PER_CU // 2
+    kernel = assert_fits_the_persistent_grid("k1", meta, hsaco, PIN_LDS_BYTES, STATIC_LDS_BYTES)
     assert kernel.vgpr + kernel.agpr <= 256  # two waves per SIMD
-    # The kernarg block is exactly the contract, arguments(): each tensor its pointer and i32 length, each i32 one.
-    assert [a.name for a in meta.arguments] == [a.name for a in get("k1").arguments(Spec.from_dict(meta.build_spec))]
-    layout(DeclaredMeta("k1", meta.arguments, (DeclaredTable(kernel.args),), meta.launch))
 
 
 @pytest.mark.parametrize("rows", BUCKETS)
@@ -92,7 +81,7 @@ def test_k1_builds_for_another_tp_and_an_odd_bucket(tmp_path):
     (kernel,) = read_metadata(entry.hsaco)[1]
     assert kernel.scratch == 0 and kernel.vgpr_spills == 0 and kernel.sgpr_spills == 0
     assert "[M, 8, 512]" in next(a.doc for a in entry.meta.arguments if a.name == "q_out")
-    assert K1Layout(16, 3).s5_tasks == 128
+    assert K1Layout(16, 3).tasks(5) == 128
 
 
 @pytest.mark.slow

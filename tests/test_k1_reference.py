@@ -223,13 +223,13 @@ def test_k1_reference_end_to_end_invariants():
 @pytest.mark.parametrize("rows", [1, 16, 64])
 def test_layout_offsets_are_aligned_and_disjoint(rows):
     lay = K1Layout.of(Spec(8, 4, 1024, rows))
-    assert lay.s5_tasks == 256 and lay.s3_tasks == 256 and lay.heads == 16  # one task per CTA
+    assert lay.tasks(5) == 256 and lay.tasks(3) == 256 and lay.heads == 16  # one task per CTA
     f32_regions = [lay.partials, lay.qkv_raw, lay.q_raw, lay.f32_words]
     byte_regions = [lay.x_codes, lay.x_scales, lay.qr_codes, lay.qr_scales, lay.bytes]
     assert f32_regions == sorted(f32_regions) and byte_regions == sorted(byte_regions)
     assert all(o % 8 == 0 for o in f32_regions[1:3])  # 8-wide f32 loads
     assert all(o % 16 == 0 for o in (lay.x_codes, lay.qr_codes))  # 16-byte MFMA operand loads
-    assert lay.sync_words == 3 + lay.s1_tasks + rows + 256 + rows + 256  # epoch, exit, arrival, flags
+    assert lay.sync_words == 3 + lay.tasks(1) + rows + 256 + rows + 256  # epoch, exit, arrival, flags
 
 
 def test_preshuffle_matches_aiters_index_formula_and_round_trips():

@@ -45,7 +45,7 @@ def test_wo_a_through_k2s_addressing_and_the_mfma_model_is_each_groups_gemv(shuf
     weight = Fp8Weight(plain, scales, GROUP_K, pad=256, shuffled=shuffled)
     scratch = Mxfp8Scratch(xo_codes, xo_scales, m, lay.operand_rows, lay.heads * 512)
     assert (lay.xo_codes, lay.xo_scales) == (0, lay.operand_rows * lay.heads * 512)  # the scratch's bases
-    tasks = [0, 1, 2, 3] + [lay.s4_tasks // 2 + t for t in range(4)]  # group 0 and group 1, both halves
+    tasks = [0, 1, 2, 3] + [lay.tasks(4) // 2 + t for t in range(4)]  # group 0 and group 1, both halves
     out = torch.zeros(2, lay.operand_rows, lay.o_width, dtype=torch.float64)
     writes = torch.zeros_like(out, dtype=torch.int64)
     slots = torch.arange(((lay.row_tiles * 256 + THREADS - 1) // THREADS) * THREADS)
@@ -122,8 +122,8 @@ def test_every_k2_access_stays_in_its_region(lay):
     # the key table (i32 region) and the attention partials (f32)
     _within([lay.key_slots + last * lay.keys + lay.keys - 1], lay.key_slots, lay.key_counts)
     _within([lay.key_counts + 2 * last + 1], lay.key_counts, lay.i32_words)
-    _within([lay.attn_ml_at(lay.s2_tasks - 1, 1, 15)], lay.attn_ml, lay.attn_acc)
-    _within([lay.attn_acc_at(lay.s2_tasks - 1, 15, 511)], lay.attn_acc, lay.woa_raw)
+    _within([lay.attn_ml_at(lay.tasks(2) - 1, 1, 15)], lay.attn_ml, lay.attn_acc)
+    _within([lay.attn_acc_at(lay.tasks(2) - 1, 15, 511)], lay.attn_acc, lay.woa_raw)
     first = (last * lay.head_tiles + (heads - 1) // 16) * lay.chunks  # the merge's last chunk read
     _within([lay.attn_acc_at(first + lay.chunks - 1, (heads - 1) % 16, 504) + 7], lay.attn_acc, lay.woa_raw)
     _within([k2a.q_chunk(lay, last, heads - 1, 31) + 1], 0, rows * heads * 512 // 8)
@@ -140,7 +140,7 @@ def test_every_k2_access_stays_in_its_region(lay):
     lanes = torch.arange(64)
     tokens = torch.arange(lay.operand_rows)[:, None]
     woa_codes, woa_scales, woa_w = [], [], []
-    for task in range(lay.s4_tasks):
+    for task in range(lay.tasks(4)):
         n0, part, group = k2a.woa_task(lay, task)
         base, scale_base, width = k2a.woa_operand(lay, group)
         for wave in range(WAVES):

@@ -15,12 +15,11 @@ import pytest
 from byte_loads import assert_codes_load_unsigned
 from cache_settings import cached_builds
 from isa_loops import vmcnt_before, waterfall_loops
+from persistent_gates import assert_fits_the_persistent_grid
 
 from mono_jit.config import Settings
 from mono_jit.hsaco import read_metadata
 from mono_jit.isa import disassemble, find_objdump, instruction_counts
-from mono_jit.resources import LDS_PER_CU
-from mono_jit.runtime.kernargs import DeclaredMeta, DeclaredTable, layout
 from mono_jit.spec import STANDARD_MAX_TOKENS, Spec
 from mono_jit.templates import get
 from mono_jit.templates.k2.layout import PIN_LDS_BYTES, STATIC_LDS_BYTES, K2Layout
@@ -45,18 +44,8 @@ def _id(build):
 @pytest.mark.parametrize("build", BUILDS, ids=_id)
 def test_k2_build_fits_the_persistent_grid_without_spills(k2_builds, build):
     meta, hsaco, _ = k2_builds[build]
-    assert meta.launch.to_json() == {"grid": [256, 1, 1], "block": [512, 1, 1], "dynamic_lds": PIN_LDS_BYTES}
-    assert meta.persistent is True
-    (kernel,) = read_metadata(hsaco)[1]
-    assert kernel.scratch == 0 and kernel.vgpr_spills == 0 and kernel.sgpr_spills == 0
-    assert kernel.reqd_workgroup_size == (512, 1, 1)
-    residency = meta.residency[kernel.name].as_dict()
-    assert residency["ctas_per_cu"] == 1 and residency["waves_per_simd"] == 2
-    assert kernel.lds == STATIC_LDS_BYTES and residency["lds_bytes"] > LDS_PER_CU // 2
+    kernel = assert_fits_the_persistent_grid("k2", meta, hsaco, PIN_LDS_BYTES, STATIC_LDS_BYTES)
     assert kernel.vgpr + kernel.agpr < UPSTREAM_VGPRS
-    # The kernarg block is the contract, arguments(): each tensor its pointer and i32 length, each i32 one.
-    assert [a.name for a in meta.arguments] == [a.name for a in get("k2").arguments(Spec.from_dict(meta.build_spec))]
-    layout(DeclaredMeta("k2", meta.arguments, (DeclaredTable(kernel.args),), meta.launch))
 
 
 def peer_poll_rounds(listing: str) -> list[list[str]]:

@@ -30,27 +30,27 @@ def _id(lay: K2Layout) -> str:
 @pytest.mark.parametrize("lay", LAYOUTS, ids=_id)
 def test_attention_tasks_cover_every_row_head_and_key_once(lay):
     covered = Counter()
-    for task in range(lay.s2_tasks):
+    for task in range(lay.tasks(2)):
         row, tile, chunk = lay.s2_task(task)
         for head in range(tile * HEAD_TILE, min((tile + 1) * HEAD_TILE, lay.heads)):
             covered[(row, head, chunk)] += 1
     assert set(covered.values()) == {1} and len(covered) == lay.rows * lay.heads * lay.chunks
     assert (lay.chunks - 1) * lay.chunk < lay.keys <= lay.chunks * lay.chunk  # no empty chunk
-    assert lay.chunk % 64 == 0 and lay.s2_tasks <= CTAS  # one round
+    assert lay.chunk % 64 == 0 and lay.tasks(2) <= CTAS  # one round
 
 
 @pytest.mark.parametrize("lay", LAYOUTS, ids=_id)
 def test_merge_and_output_tables_cover_once(lay):
-    assert sorted(lay.s3_task(t) for t in range(lay.s3_tasks)) == [
+    assert sorted(lay.s3_task(t) for t in range(lay.tasks(3))) == [
         (r, h) for r in range(lay.rows) for h in range(lay.heads)]
     woa = Counter()
-    for task in range(lay.s4_tasks):
+    for task in range(lay.tasks(4)):
         tile, half = lay.s4_task(task)
         woa.update((col, half) for col in range(tile * TILE_N, (tile + 1) * TILE_N))
     assert set(woa.values()) == {1} and len(woa) == lay.o_width * WOA_PARTS
-    assert lay.s6_tasks * TILE_N == deepseek_v4.HIDDEN == WOB_TILES * TILE_N
+    assert lay.tasks(6) * TILE_N == deepseek_v4.HIDDEN == WOB_TILES * TILE_N
     seam = Counter()
-    for task in range(lay.s7_tasks):
+    for task in range(lay.tasks(7)):
         group, chunk = lay.s7_task(task)
         seam.update((row, col) for row in range(group * SEAM_GROUP, min((group + 1) * SEAM_GROUP, lay.rows))
                     for col in range(chunk * SEAM_CHUNK, (chunk + 1) * SEAM_CHUNK))
@@ -61,7 +61,7 @@ def test_merge_and_output_tables_cover_once(lay):
 def test_woa_half_waits_on_exactly_its_heads_merges(lay):
     """S4's awaited contiguous range is the merges of the K half's 4 heads, rows below m."""
     for m in {1, lay.rows}:
-        for task in range(0, lay.s4_tasks, 7):
+        for task in range(0, lay.tasks(4), 7):
             tile, half = lay.s4_task(task)
             group = tile * TILE_N // O_LORA
             heads = lay.heads // lay.groups
@@ -74,11 +74,11 @@ def test_woa_half_waits_on_exactly_its_heads_merges(lay):
 
 @pytest.mark.parametrize("lay", LAYOUTS, ids=_id)
 def test_sync_words_regions_and_waits_fit(lay):
-    flags = [(lay.f_keys, lay.s1_tasks), (lay.f_attn, lay.s2_tasks), (lay.f_merge, lay.s3_tasks),
-             (lay.f_woa, lay.s4_tasks), (lay.f_z, lay.s5_tasks), (lay.f_seam, lay.s7_tasks),
-             (lay.f_norm, lay.s8_tasks)]
+    flags = [(lay.f_keys, lay.tasks(1)), (lay.f_attn, lay.tasks(2)), (lay.f_merge, lay.tasks(3)),
+             (lay.f_woa, lay.tasks(4)), (lay.f_z, lay.tasks(5)), (lay.f_seam, lay.tasks(7)),
+             (lay.f_norm, lay.tasks(8))]
     _disjoint_and_within(flags, FIRST_FLAG, lay.sync_words)
-    f32 = [(lay.attn_ml, lay.s2_tasks * 2 * HEAD_TILE), (lay.attn_acc, lay.s2_tasks * HEAD_TILE * 512),
+    f32 = [(lay.attn_ml, lay.tasks(2) * 2 * HEAD_TILE), (lay.attn_acc, lay.tasks(2) * HEAD_TILE * 512),
            (lay.woa_raw, WOA_PARTS * lay.rows * lay.o_width), (lay.partials, lay.rows * 56 * 25)]
     _disjoint_and_within(f32, 0, lay.f32_words)
     _disjoint_and_within([(lay.key_slots, lay.rows * lay.keys), (lay.key_counts, 2 * lay.rows)], 0, lay.i32_words)
@@ -107,20 +107,20 @@ def test_peer_pairs_fit_their_half_and_units_cover_once(lay):
     # every push made once; every reader's S7 tasks read each unit once a row group (a unit holds
     # every row), on two hops the RS units only on the owner, the AG units everywhere else
     for rank in range(lay.tp):
-        pushed = Counter((peer, region, unit) for task in range(lay.s6_tasks)
+        pushed = Counter((peer, region, unit) for task in range(lay.tasks(6))
                          for peer, region, unit in lay.s6_pushes(task, rank))
-        pushed += Counter((peer, region, unit) for task in range(lay.s7_tasks)
+        pushed += Counter((peer, region, unit) for task in range(lay.tasks(7))
                           for peer, region, unit in lay.s7_pushes(task, rank))
         assert set(pushed.values()) == {1}
     for reader in range(lay.tp):
         read = Counter()
-        for task in range(lay.s7_tasks):
+        for task in range(lay.tasks(7)):
             for region, first, count in lay.s7_peer_awaits(task, reader):
                 read.update((lay.s7_task(task)[0], region, u) for u in range(first, first + count))
                 assert first + count <= lay.peer_units(region)
         assert set(read.values()) == {1}
         chunks_owned = lay.owned_cols // SEAM_CHUNK
-        per_group = lay.tp * chunks_owned * 8 + (lay.s7_tasks // seam_layout.groups(lay.rows) - chunks_owned) \
+        per_group = lay.tp * chunks_owned * 8 + (lay.tasks(7) // seam_layout.groups(lay.rows) - chunks_owned) \
             if lay.two_hop else lay.tp * WOB_TILES
         assert len(read) == seam_layout.groups(lay.rows) * per_group
 

@@ -58,12 +58,12 @@ def _writers(lay: K2MoeLayout, m: int) -> tuple[dict[int, list[int]], dict[int, 
     an expert."""
     union = sorted(_picks(m))
     gate_up: dict[int, list[int]] = {}
-    for task in range(lay.s15_tasks):
+    for task in range(lay.tasks(15)):
         slot, _ = lay.s15_task(task)
         for pick in _picks(m)[union[slot]].values() if slot < len(union) else ():
             gate_up.setdefault(pick, []).append(task)
     down: dict[int, list[int]] = {}
-    for task in range(lay.s17_tasks):
+    for task in range(lay.tasks(17)):
         slot, first = lay.s17_task(task)
         for tile in range(first, first + DOWN_TILES) if slot < len(union) else ():
             down.setdefault(tile, []).append(task)
@@ -83,7 +83,7 @@ def moe_needs(lay: K2MoeLayout, consumer: tuple, m: int) -> tuple[int, ...]:
             return needs(lay, consumer, m)
         if consumer[2] == "mag":  # S19 on a chunk's owner: its peers' units only
             return ()
-        tile = consumer[3] % lay.s14_tasks  # S18: its shared tile, its tile of each entry's pick, the ids
+        tile = consumer[3] % lay.tasks(14)  # S18: its shared tile, its tile of each entry's pick, the ids
         downs = _writers(lay, m)[1].get(tile, [])
         return (lay.f_sdown + tile, *(lay.f_rdown + t for t in downs), *live_top)
     flag = consumer[1]
@@ -148,7 +148,7 @@ def test_the_moe_regions_follow_part_ones_in_each_half():
     lay = K2MoeLayout(8, 4, 1024, 32)
     assert lay.moe_at >= lay.ag + 8 * lay.rows * 7168 // 2 and lay.half_bytes == 2 * lay.moe_at
     assert lay.peer_units("mag") == lay.peer_units("ag") and lay.peer_regions()[-3:] == ("mpart", "mrs", "mag")
-    assert lay.sync_words == lay.f_out + lay.s7_tasks and lay.f_logits > lay.f_norm
+    assert lay.sync_words == lay.f_out + lay.tasks(7) and lay.f_logits > lay.f_norm
 
 
 def test_every_wait_fits_the_cta_s_threads():
@@ -180,7 +180,7 @@ def test_routed_waits_take_one_round_each():
                     assert steps[i - 2] == ("wait", *_gate_up_flags(lay, _slot(64, expert)))
             if step[0] == "wait" and lay.f_sdown <= step[1] < lay.f_rgu:  # S18 task: its shared tile
                 task = step[1] - lay.f_sdown
-                assert steps[i + 1] == ("wait", lay.f_rdown + task // DOWN_TILES, 384, lay.s17_tasks // 384)
+                assert steps[i + 1] == ("wait", lay.f_rdown + task // DOWN_TILES, 384, lay.tasks(17) // 384)
 
 
 def _mutated(lay: K2MoeLayout, stage: int, **change) -> K2MoeLayout:
@@ -206,8 +206,8 @@ _S16_UNION, _S16_SLOT = stage(SCHEDULE, 16).waits  # S16's waits: the union, its
 _S18_SHARED, _S18_DOWN = stage(SCHEDULE, 18).waits  # S18's: its shared down task, its tiles' routed down tasks
 WRONG_TABLES = {  # name: (stage, its wrong fields, the lagging CTA whose task the wait misses), at 1 row
     "S9 waits on nothing": (9, {"waits": ()}, lambda lay: 0),
-    "S10 misses the last logits task": (10, {"waits": (Wait(9, lambda lay, row, m, data: (0, lay.s9_tasks - 1)),)},
-                                        lambda lay: (lay.s9_tasks - 1) % CTAS),
+    "S10 misses the last logits task": (10, {"waits": (Wait(9, lambda lay, row, m, data: (0, lay.tasks(9) - 1)),)},
+                                        lambda lay: (lay.tasks(9) - 1) % CTAS),
     "S16 skips its slot's gate/up": (16, {"waits": (_S16_UNION,)}, lambda lay: lay.inter // TILE_N - 1),
     # the last chosen expert's slot's last gate/up task lags: a pick's SwiGLU reads the previous
     # launch's gate/up

@@ -239,18 +239,18 @@ def needs(lay: K2Layout, consumer: tuple, m: int) -> tuple[int, ...]:
         return (lay.f_keys + lay.s2_task(flag - lay.f_attn)[0],)
     if lay.f_merge <= flag < lay.f_woa:  # merge: every chunk of its row and head's tile
         row, head = lay.s3_task(flag - lay.f_merge)
-        return tuple(lay.f_attn + t for t in range(lay.s2_tasks) if lay.s2_task(t)[:2] == (row, head // HEAD_TILE))
+        return tuple(lay.f_attn + t for t in range(lay.tasks(2)) if lay.s2_task(t)[:2] == (row, head // HEAD_TILE))
     if lay.f_woa <= flag < lay.f_z:  # wo_a: its K half's heads' merges of the live rows
         tile, half = lay.s4_task(flag - lay.f_woa)
         per_group = lay.heads // lay.groups
         first = tile * TILE_N // O_LORA * per_group + half * per_group // WOA_PARTS
-        return tuple(lay.f_merge + t for t in range(lay.s3_tasks) if lay.s3_task(t)[0] < m
+        return tuple(lay.f_merge + t for t in range(lay.tasks(3)) if lay.s3_task(t)[0] < m
                      and first <= lay.s3_task(t)[1] < first + per_group // WOA_PARTS)
     if lay.f_z <= flag < lay.f_seam:  # z quant: both halves of every wo_a tile
         return tuple(range(lay.f_woa, lay.f_z))
-    if lay.f_norm <= flag < lay.f_norm + lay.s8_tasks:  # seam gate: every column chunk of its row group
+    if lay.f_norm <= flag < lay.f_norm + lay.tasks(8):  # seam gate: every column chunk of its row group
         group = (flag - lay.f_norm) // SEAM_GROUP
-        return tuple(lay.f_seam + t for t in range(lay.s7_tasks) if lay.s7_task(t)[0] == group)
+        return tuple(lay.f_seam + t for t in range(lay.tasks(7)) if lay.s7_task(t)[0] == group)
     raise AssertionError(f"no stage waits before {consumer}")
 
 
@@ -342,8 +342,8 @@ WRONG_TABLES = {  # name: (stage, its wrong fields, the lagging CTA whose task t
     "S4 waits for one row fewer": (4, {"waits": (Wait(3, lambda lay, task, m, data: (
         (task // WOA_PARTS * TILE_N // O_LORA * WOA_PARTS + task % WOA_PARTS) * lay.rows * 4, 4 * (m - 1))),)},
         lambda lay: 4),
-    "S5 misses the last wo_a flag": (5, {"waits": (Wait(4, lambda lay, row, m, data: (0, lay.s4_tasks - 1)),)},
-                                     lambda lay: (lay.s4_tasks - 1) % CTAS),
+    "S5 misses the last wo_a flag": (5, {"waits": (Wait(4, lambda lay, row, m, data: (0, lay.tasks(4) - 1)),)},
+                                     lambda lay: (lay.tasks(4) - 1) % CTAS),
     "S6 waits on nothing": (6, {"waits": ()}, lambda lay: 0),
     "S8 waits on nothing": (8, {"waits": ()}, lambda lay: 1),
 }

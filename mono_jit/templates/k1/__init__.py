@@ -12,28 +12,19 @@ by ratio or top-k width: every layer type runs the same K1.
 
 from __future__ import annotations
 
-from ...resources import Budget
 from ...spec import Spec
-from ..base import COMMON_SOURCES, Argument, LaunchShape, Template, WorkBuffer
-from ..geometry import CTAS, THREADS
+from ..base import Argument, WorkBuffer
+from ..persistent import PERSISTENT_SOURCES, PersistentTemplate
 from .layout import PIN_LDS_BYTES, K1Layout
 
 
-class K1Template(Template):
+class K1Template(PersistentTemplate):
     name = "k1"
     spec_fields = ("tp", "max_tokens")
-    source_files = COMMON_SOURCES + (
-        "templates/sync_device.py", "templates/sync_words.py", "templates/schedule.py", "templates/stage_loop.py",
-        "templates/seam_layout.py", "templates/_numerics.py", "templates/_gemv.py", "templates/addressing.py",
-        "templates/_seam.py", "templates/k1/__init__.py", "templates/k1/layout.py",
-        "templates/k1/addressing.py", "templates/k1/reference.py", "templates/reference_math.py",
-        "templates/k1/kernel.py")
-    kernel_module = ".kernel"
-    persistent = True
-    budget = Budget(scratch_bytes=0, spills=0)
-
-    def launch_shape(self, spec: Spec) -> LaunchShape:
-        return LaunchShape(grid=(CTAS, 1, 1), block=(THREADS, 1, 1), dynamic_lds=PIN_LDS_BYTES)
+    source_files = PERSISTENT_SOURCES + (
+        "templates/k1/__init__.py", "templates/k1/layout.py", "templates/k1/addressing.py",
+        "templates/k1/reference.py", "templates/k1/kernel.py")
+    pinned_lds = PIN_LDS_BYTES
 
     def arguments(self, spec: Spec) -> tuple[Argument, ...]:
         lay = K1Layout.of(spec)

@@ -141,22 +141,6 @@ class K1Layout(sched.ScheduledLayout):
     def head_groups(self) -> int:
         return math.ceil(self.heads / HEADS_PER_TASK)
 
-    @property
-    def s1_tasks(self) -> int:
-        return self.tasks(1)
-
-    @property
-    def s3_tasks(self) -> int:
-        return self.tasks(3)
-
-    @property
-    def s5_tasks(self) -> int:
-        return self.tasks(5)
-
-    @property
-    def s6_tasks(self) -> int:
-        return self.tasks(6)
-
     # -- f32 scratch (F32_REGIONS, packed in order) ------------------------------------------
     @property
     def partials(self) -> int:

@@ -41,33 +41,26 @@ the same contract in torch, with the all-reduces through the same peer buffers.
 
 from __future__ import annotations
 
-from ...resources import Budget
 from ...spec import Spec
-from ..base import COMMON_SOURCES, Argument, LaunchShape, Template, WorkBuffer
-from ..geometry import CTAS, PAIR_BYTES, PEERS, THREADS
+from ..base import Argument, WorkBuffer
+from ..geometry import PAIR_BYTES, PEERS
+from ..persistent import PERSISTENT_SOURCES, PersistentTemplate
 from .layout import PIN_LDS_BYTES, STATE_TABLE, WEIGHT_TABLE
 from .moe_layout import TOPK, K2MoeLayout
 
 
-class K2Template(Template):
+class K2Template(PersistentTemplate):
     name = "k2"
     spec_fields = ("tp", "ratio", "topk_width", "max_tokens")
-    source_files = COMMON_SOURCES + (
-        "templates/sync_device.py", "templates/sync_words.py", "templates/schedule.py", "templates/stage_loop.py",
-        "templates/seam_layout.py", "templates/_numerics.py", "templates/_gemv.py", "templates/addressing.py",
-        "templates/k2/allreduce.py", "templates/_seam.py", "templates/reference_math.py",
-        "templates/keytable/__init__.py", "templates/keytable/kernel.py", "templates/keytable/reference.py",
-        "templates/k2/__init__.py", "templates/k2/layout.py", "templates/k2/reference.py", "templates/k2/addressing.py",
-        "templates/k2/kernel.py", "templates/k2/moe_layout.py", "templates/k2/moe_reference.py",
-        "templates/k2/moe_addressing.py", "templates/k2/moe_kernel.py", "templates/router/__init__.py",
-        "templates/router/kernel.py", "templates/router/reference.py")
-    kernel_module = ".kernel"
-    persistent = True
-    budget = Budget(scratch_bytes=0, spills=0)
+    source_files = PERSISTENT_SOURCES + (
+        "templates/k2/allreduce.py", "templates/keytable/__init__.py", "templates/keytable/kernel.py",
+        "templates/keytable/reference.py", "templates/k2/__init__.py", "templates/k2/layout.py",
+        "templates/k2/reference.py", "templates/k2/addressing.py", "templates/k2/kernel.py",
+        "templates/k2/moe_layout.py", "templates/k2/moe_reference.py", "templates/k2/moe_addressing.py",
+        "templates/k2/moe_kernel.py", "templates/router/__init__.py", "templates/router/kernel.py",
+        "templates/router/reference.py")
     reference_module = ".contract"
-
-    def launch_shape(self, spec: Spec) -> LaunchShape:
-        return LaunchShape(grid=(CTAS, 1, 1), block=(THREADS, 1, 1), dynamic_lds=PIN_LDS_BYTES)
+    pinned_lds = PIN_LDS_BYTES
 
     def arguments(self, spec: Spec) -> tuple[Argument, ...]:
         lay = K2MoeLayout.of(spec)

@@ -223,9 +223,9 @@ SCHEDULE: tuple[sched.Stage, ...] = (
 )
 
 F32_REGIONS: tuple[sched.Region, ...] = (
-    sched.Region("attn_ml", lambda lay: lay.s2_tasks * 2 * HEAD_TILE,
+    sched.Region("attn_ml", lambda lay: lay.tasks(2) * 2 * HEAD_TILE,
                  "[S2 tasks, 2, 16] each chunk's base-2 max and sum per head of its tile"),
-    sched.Region("attn_acc", lambda lay: lay.s2_tasks * HEAD_TILE * HEAD_DIM,
+    sched.Region("attn_acc", lambda lay: lay.tasks(2) * HEAD_TILE * HEAD_DIM,
                  "[S2 tasks, 16, 512] each chunk's unnormalised sum of 2^(s - m) v per head"),
     sched.Region("woa_raw", lambda lay: WOA_PARTS * lay.rows * lay.o_width,
                  "[2 K halves, rows, o_width] wo_a's f32 halves (S5 sums them)"),
@@ -324,40 +324,8 @@ class K2Layout(sched.ScheduledLayout):
 
     # -- task tables (part one's schedule) ------------------------------------------------
     @property
-    def s1_tasks(self) -> int:
-        return self.tasks(1)
-
-    @property
-    def s2_tasks(self) -> int:
-        return self.tasks(2)
-
-    @property
-    def s3_tasks(self) -> int:
-        return self.tasks(3)
-
-    @property
     def o_tiles(self) -> int:
         return self.o_width // TILE_N
-
-    @property
-    def s4_tasks(self) -> int:
-        return self.tasks(4)
-
-    @property
-    def s5_tasks(self) -> int:
-        return self.tasks(5)
-
-    @property
-    def s6_tasks(self) -> int:
-        return self.tasks(6)
-
-    @property
-    def s7_tasks(self) -> int:
-        return self.tasks(7)
-
-    @property
-    def s8_tasks(self) -> int:
-        return self.tasks(8)
 
     # task -> its coordinates
     def s2_task(self, task):
@@ -442,7 +410,7 @@ class K2Layout(sched.ScheduledLayout):
         return [(peer, "ag", task) for peer in range(self.tp)]
 
     def peer_units(self, region: str) -> int:
-        return self.s7_tasks if region == "ag" else self.tp * WOB_TILES
+        return self.tasks(7) if region == "ag" else self.tp * WOB_TILES
 
     def peer_regions(self) -> tuple[str, ...]:
         return ("part", "rs", "ag")

@@ -203,26 +203,6 @@ class K2MoeLayout(K2Layout):
         return TOPK * self.rows
 
     # -- task tables (the schedule's) -------------------------------------------------------
-    @property
-    def s9_tasks(self) -> int:
-        return self.tasks(9)
-
-    @property
-    def s12_tasks(self) -> int:
-        return self.tasks(12)
-
-    @property
-    def s14_tasks(self) -> int:
-        return self.tasks(14)
-
-    @property
-    def s15_tasks(self) -> int:
-        return self.tasks(15)
-
-    @property
-    def s17_tasks(self) -> int:
-        return self.tasks(17)
-
     def s15_task(self, task):
         """(union slot, 16-column block) of S15 task `task`."""
         return task // (self.inter // TILE_N), task % (self.inter // TILE_N)
