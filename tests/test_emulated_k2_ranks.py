@@ -40,7 +40,6 @@ from mono_jit.selfcheck.emulated import RanksLaunch  # noqa: E402
 from mono_jit.selfcheck.k2_ranks import K2Ranks  # noqa: E402
 from mono_jit.selfcheck.k2_world import TP, full_weights, hash_route_ids, shard, sparse_moe_ranks, world  # noqa: E402
 from mono_jit.spec import Spec  # noqa: E402
-from mono_jit.templates.k2 import reference as ref  # noqa: E402
 from mono_jit.templates.sync_words import ARRIVE_WORD  # noqa: E402
 
 WIDTH = {4: 1024, 128: 8192}
@@ -111,7 +110,7 @@ def test_three_launches_in_a_row_on_one_sync_area(k2_cache, shards, request, buc
     each time), as the runner launches them: the epoch goes 1, 2, 3, launch e pushes (tag e)
     into half (e - 1) & 1 and leaves the other half's tags from launch e - 1, and each launch's
     outputs match the reference. Bucket 1 (one hop, a hash layer), bucket 32 (two hops).
-    Other worlds' rounding ties: test_worlds_with_rounding_ties_at_bucket_1."""
+    Another world's rounding ties: test_a_world_with_rounding_ties_at_bucket_1."""
     moes = request.getfixturevalue(moe)
     route_ids = hash_route_ids(1) if moe == "hash_moes" else None
     launch = _launcher(k2_cache, 4, bucket)
@@ -130,36 +129,22 @@ def test_three_launches_in_a_row_on_one_sync_area(k2_cache, shards, request, buc
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [1, 2])
-def test_worlds_with_rounding_ties_at_bucket_1(k2_cache, shards, moes, seed):
-    """Seeds 1 and 2 at bucket 1 through K2Ranks.check: every xo code the reference's but for
-    one-step flips at rounding ties (k2_ties.xo_tie_flips), R against the reference fed the
-    kernel's own xo codes. Seed 2 flips two codes: rank 2's o is 4 f32 ulps from the bf16 tie
-    58.125 (58.0 or 58.25, which scale to the e4m3 tie 232 -> 224, or to 240), rank 7's a
-    cancelling o (0.0017) at an e4m3 tie. Such a flip moves ~28 of the rank's 2048 z codes, its
-    partial by up to 0.0098, y by up to 0.0156 and R by post (1.89) x y: up to 0.023 against the
-    reference's own R on 34 of 28,672 values, past its 1e-2 bound, so for it the tie-aware
-    hand-off check is the gate and R is held chained (measured: worst 0.0078, mean 3.4e-7). Seed
-    3 (one flip at rank 7, chained worst 0.00024) passed the same way when the check was written
-    and is left out for CI's time. Seed 1 flips none and its R is held against the reference's
-    own R too (K2Run.check), as before the chain. About 70 s a seed."""
-    ranks = _ranks(shards, moes, 4, 1, seed=seed)
+def test_a_world_with_rounding_ties_at_bucket_1(k2_cache, shards, moes):
+    """Seed 2 at bucket 1 through K2Ranks.check: every xo code the reference's but for one-step
+    flips at rounding ties (k2_ties.xo_tie_flips), R against the reference fed the kernel's own
+    xo codes. Seed 2 flips two codes: rank 2's o is 4 f32 ulps from the bf16 tie 58.125 (58.0 or
+    58.25, which scale to the e4m3 tie 232 -> 224, or to 240), rank 7's a cancelling o (0.0017)
+    at an e4m3 tie. Such a flip moves ~28 of the rank's 2048 z codes, its partial by up to
+    0.0098, y by up to 0.0156 and R by post (1.89) x y: up to 0.023 against the reference's own R
+    on 34 of 28,672 values, past its 1e-2 bound, so for it the tie-aware hand-off check is the
+    gate and R is held chained (measured: worst 0.0078, mean 3.4e-7). Seed 3 (one flip at rank 7,
+    chained worst 0.00024) passed the same way when the check was written; seed 1 flips none, and
+    with no code off the chained R is the reference's own (the other tests here). About 70 s."""
+    ranks = _ranks(shards, moes, 4, 1, seed=2)
     try:
         ranks.launch(_launcher(k2_cache, 4, 1))
         ranks.check(epoch=1)
-        chained = [run.own_partial() for run in ranks.runs]
-        got = torch.stack([run.outputs()["r"].float() for run in ranks.runs])
-        want = torch.stack([ref.finish(ref.rank_attention(run.x, run.w), run.x, run.w, chained).seam.r.float()
-                            for run in ranks.runs])
-        print(f"seed {seed}: xo tie flips by rank {ranks.ties}; chained R worst {(got - want).abs().max():.3g}, "
-              f"mean {(got - want).abs().mean():.3g}")
-        if seed == 1:
-            partials = [o.rank.partial for o in ref.k2_part_one_ranks([r.x for r in ranks.runs],
-                                                                       [r.w for r in ranks.runs])]
-            for run in ranks.runs:
-                run.check(run.expected(partials))
-        else:
-            assert sum(ranks.ties) >= 1, "the world's known tie flip is gone: the test no longer exercises it"
+        assert sum(ranks.ties) >= 1, "the world's known tie flips are gone: the test no longer exercises them"
     finally:
         ranks.peers.close()
 
