@@ -159,12 +159,6 @@ class K2Run:
         """The work buffer's hand-off regions (K2Layout offsets)."""
         return scratch_regions(self.lay, self.work.cpu())
 
-    def own_partial(self) -> torch.Tensor:
-        """The reference's wo_a and wo_b (stages S4-S6) fed the kernel's own attention hand-off
-        (its xo codes and scales after S3): the partial [m, 7168] bf16 the reference would push
-        from what this rank's S3 wrote."""
-        return partial_from_xo(self.scratch(), self.m, self.w)
-
     def write_scratch(self, name: str, value: torch.Tensor) -> None:
         """Put a reference hand-off where a standalone stage reads it (rows 0.. of the region)."""
         lay = self.lay
