@@ -29,7 +29,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent  # mono_jit/: the built-ins
 # What every built-in template's build imports from mono_jit besides its own package (checked
 # against the real imports by tests/test_source_digest.py).
 COMMON_SOURCES = ("errors.py", "kernel_info.py", "deepseek_v4.py", "record.py", "resources.py", "spec.py",
-                  "templates/_dsl.py", "templates/base.py", "templates/geometry.py")
+                  "templates/_dsl.py", "templates/base.py", "templates/geometry.py", "templates/launch.py")
 
 
 _source_digests: dict[tuple, str] = {}  # (package dir, files, their stat signatures) -> digest

@@ -36,9 +36,7 @@ cover".
 
 from dataclasses import replace
 
-import flydsl.compiler as flyc
 import flydsl.expr as fx
-import torch
 from flydsl.expr import const_expr, range_constexpr
 
 from ... import deepseek_v4
@@ -49,14 +47,15 @@ from .._numerics import VEC, bf16_round, bf16x8, e8m0, e8m0_inverse, amax8, fp8x
     mx_store, rope8, rsqrt
 from .._seam import fold_row, mix_weights, seam_row
 from ..sync_device import arrive, leave, step_tag
-from ..base import Build, in_order
+from ..base import Build
+from ..launch import persistent_build
 from ..schedule import NO_DATA, Stage
 from ..stage_loop import Frame, StageWork, run_stage
 from .. import addressing, seam_layout
 from . import K1Template, addressing as k1_addressing
-from ...deepseek_v4 import EPS, HEAD_DIM, KV_LORA, MIXES, NOPE, Q_LORA, ROPE, STREAMS
-from ..geometry import (CTAS, KV_RECORD, KV_SCALE_BLOCK, KV_SCALES, LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS,
-                        PARTIALS, SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, THREADS, TILE_N, WAVE, WAVES, WEIGHT_BLOCK)
+from ...deepseek_v4 import EPS, HEAD_DIM, KV_LORA, NOPE, Q_LORA
+from ..geometry import (CTAS, KV_SCALE_BLOCK, KV_SCALES, LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS,
+                        PARTIALS, SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, TILE_N, WAVE, WAVES)
 from .layout import PIN_LDS_BYTES, QKV, SCHEDULE, K1Layout
 from .reference import KV_AMAX_FLOOR
 
@@ -157,7 +156,6 @@ def make_kernel(lay: K1Layout, stages: frozenset[int] = ALL_STAGES):
     """
     rows = lay.rows
 
-    @flyc.kernel
     def k1_kernel(X: fx.Tensor, Residual: fx.Tensor, PostMix: fx.Tensor, ResMix: fx.Tensor,
                   HcFn: fx.Tensor, HcBase: fx.Tensor, HcScale: fx.Tensor, AttnNorm: fx.Tensor,
                   WQkv: fx.Tensor, SQkv: fx.Tensor, QNorm: fx.Tensor, KvNorm: fx.Tensor,
@@ -283,52 +281,4 @@ def build(spec: Spec, stages: frozenset[int] = ALL_STAGES, schedule: tuple[Stage
     """K1 holding `stages`, run as `schedule` says (SCHEDULE; the tests pass a wrong one to see
     the kernel follow it)."""
     lay = replace(K1Layout.of(spec), schedule=schedule)
-    kernel = make_kernel(lay, frozenset(stages))
-
-    @flyc.jit
-    def launch_k1(X: fx.Tensor, Residual: fx.Tensor, PostMix: fx.Tensor, ResMix: fx.Tensor,
-                  HcFn: fx.Tensor, HcBase: fx.Tensor, HcScale: fx.Tensor, AttnNorm: fx.Tensor,
-                  WQkv: fx.Tensor, SQkv: fx.Tensor, QNorm: fx.Tensor, KvNorm: fx.Tensor,
-                  WQb: fx.Tensor, SQb: fx.Tensor, Rope: fx.Tensor, Positions: fx.Tensor,
-                  SlotMapping: fx.Tensor, KvCache: fx.Tensor,
-                  ROut: fx.Tensor, PostOut: fx.Tensor, CombOut: fx.Tensor, XNorm: fx.Tensor,
-                  QrOut: fx.Tensor, QOut: fx.Tensor,
-                  Sync: fx.Tensor, WorkF32: fx.Tensor, WorkU8: fx.Tensor,
-                  m: fx.Int32, do_fold: fx.Int32, qkv_stride: fx.Int32, qkv_shuffled: fx.Int32,
-                  qb_stride: fx.Int32, qb_shuffled: fx.Int32,
-                  page_stride: fx.Int32, block_size: fx.Int32,
-                  stream: fx.Stream = fx.Stream(None)):
-        kernel(X, Residual, PostMix, ResMix, HcFn, HcBase, HcScale, AttnNorm, WQkv, SQkv, QNorm, KvNorm,
-               WQb, SQb, Rope, Positions, SlotMapping, KvCache, ROut, PostOut, CombOut, XNorm, QrOut, QOut,
-               Sync, WorkF32, WorkU8, m, do_fold, qkv_stride, qkv_shuffled, qb_stride, qb_shuffled, page_stride,
-               block_size).launch(
-            grid=(CTAS, 1, 1), block=(THREADS, 1, 1), smem=PIN_LDS_BYTES, stream=stream)
-
-    names = [argument.name for argument in K1Template().arguments(spec)]
-    return Build(launch_k1, in_order("k1", names, placeholders(lay)))
-
-
-def placeholders(lay: K1Layout) -> dict[str, torch.Tensor | int]:
-    """CPU tensors with the bucket's shapes (flat) and scalars, by argument name, for flyc.compile."""
-    rows = lay.rows
-
-    def empty(n: int, dtype: torch.dtype) -> torch.Tensor:
-        return torch.empty(n, dtype=dtype)
-
-    bf16, f32, u8, i64 = torch.bfloat16, torch.float32, torch.uint8, torch.int64
-    block = 64
-    return dict(
-        x=empty(rows * H, bf16), residual=empty(rows * STREAMS * H, bf16), post_mix=empty(rows * STREAMS, f32),
-        res_mix=empty(rows * 16, f32), hc_fn=empty(MIXES * STREAMS * H, f32), hc_base=empty(MIXES, f32),
-        hc_scale=empty(3, f32), attn_norm=empty(H, bf16),
-        w_qkv=empty(QKV * H, u8), s_qkv=empty((QKV // WEIGHT_BLOCK) * (H // WEIGHT_BLOCK), u8),
-        q_norm=empty(Q_LORA, bf16), kv_norm=empty(KV_LORA, bf16),
-        w_qb=empty(lay.q_width * Q_LORA, u8), s_qb=empty((lay.q_width // WEIGHT_BLOCK) * (Q_LORA // WEIGHT_BLOCK), u8),
-        rope=empty(1024 * ROPE, f32), positions=empty(rows, i64), slot_mapping=empty(rows, i64),
-        kv_cache=empty(block * KV_RECORD, u8),
-        r_out=empty(rows * STREAMS * H, bf16), post_out=empty(rows * STREAMS, f32), comb_out=empty(rows * 16, f32),
-        x_norm=empty(rows * H, bf16), qr_out=empty(rows * Q_LORA, bf16), q_out=empty(rows * lay.q_width, bf16),
-        sync=empty(lay.sync_words, torch.int32), work_f32=empty(lay.f32_words, f32), work_u8=empty(lay.bytes, u8),
-        m=rows, do_fold=1, qkv_stride=H, qkv_shuffled=0, qb_stride=Q_LORA, qb_shuffled=0,
-        page_stride=block * KV_RECORD, block_size=block,
-    )
+    return persistent_build(make_kernel(lay, frozenset(stages)), K1Template().arguments(spec), PIN_LDS_BYTES)

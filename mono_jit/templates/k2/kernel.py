@@ -33,9 +33,7 @@ cover".
 import operator
 from dataclasses import replace
 
-import flydsl.compiler as flyc
 import flydsl.expr as fx
-import torch
 from flydsl.expr import const_expr, gpu, range_constexpr
 
 from ... import deepseek_v4
@@ -49,9 +47,10 @@ from .._dsl import (butterfly, dsl, flat_view, fresh, fresh_pointer, fresh_scala
 from .._gemv import Fp8Weight, Mxfp8Rows, gemv_reduce, gemv_steps
 from .._numerics import LOG2E, VEC, bf16_pair_f32, bf16_round, e8m0_scale, fp8x4_to_f32, load8_f32, mx_store, rope8
 from .._seam import fold_row, mix_weights, seam_row
-from ..base import Build, in_order
-from ..geometry import (CTAS, KV_RECORD, LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS, PAIR_BYTES, PARTIALS,
-                        PEERS, SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, THREADS, TILE_N, WAVE, WAVES)
+from ..base import Build
+from ..launch import persistent_build
+from ..geometry import (CTAS, LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS, PAIR_BYTES, PARTIALS,
+                        SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, THREADS, TILE_N, WAVE, WAVES)
 from ..keytable.kernel import key_table_row
 from ..router.kernel import select_top6
 from ..stage_loop import Frame, StageWork, run_stage
@@ -605,7 +604,6 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
     rows, row_tiles = lay.rows, lay.row_tiles
     half_words = lay.half_bytes // PAIR_BYTES
 
-    @flyc.kernel
     def k2_kernel(Positions: fx.Tensor, SlotMapping: fx.Tensor, SwaIndices: fx.Tensor, SwaLens: fx.Tensor,
                   TopK: fx.Tensor, TokenReq: fx.Tensor, BlockTable: fx.Tensor, SwaCache: fx.Tensor,
                   CompCache: fx.Tensor, Weights: fx.Tensor, State: fx.Tensor,
@@ -653,43 +651,4 @@ def build(spec: Spec, stages: frozenset[int] = ALL_STAGES, schedule: tuple[stage
     """K2 holding `stages`, run as `schedule` says (SCHEDULE; the tests pass a wrong one to see
     the kernel follow it)."""
     lay = replace(K2MoeLayout.of(spec), schedule=schedule)
-    kernel = make_kernel(lay, frozenset(stages))
-
-    @flyc.jit
-    def launch_k2(Positions: fx.Tensor, SlotMapping: fx.Tensor, SwaIndices: fx.Tensor, SwaLens: fx.Tensor,
-                  TopK: fx.Tensor, TokenReq: fx.Tensor, BlockTable: fx.Tensor, SwaCache: fx.Tensor,
-                  CompCache: fx.Tensor, Weights: fx.Tensor, State: fx.Tensor,
-                  Sync: fx.Tensor, Work: fx.Tensor, Mailbox: fx.Tensor, Peers: fx.Tensor, RouteIds: fx.Tensor,
-                  m: fx.Int32, rank: fx.Int32, swa_page_stride: fx.Int32, swa_block: fx.Int32,
-                  comp_page_stride: fx.Int32, comp_block: fx.Int32, bt_stride: fx.Int32, per_page: fx.Int32,
-                  use_hash: fx.Int32, peer_wait_us: fx.Int32, stream: fx.Stream = fx.Stream(None)):
-        kernel(Positions, SlotMapping, SwaIndices, SwaLens, TopK, TokenReq, BlockTable, SwaCache, CompCache, Weights,
-               State, Sync, Work, Mailbox, Peers, RouteIds, m, rank, swa_page_stride, swa_block, comp_page_stride,
-               comp_block, bt_stride, per_page, use_hash, peer_wait_us).launch(
-            grid=(CTAS, 1, 1), block=(THREADS, 1, 1), smem=PIN_LDS_BYTES, stream=stream)
-
-    names = [argument.name for argument in K2Template().arguments(spec)]
-    return Build(launch_k2, in_order("k2", names, placeholders(lay)))
-
-
-def placeholders(lay: K2MoeLayout) -> dict[str, torch.Tensor | int]:
-    """CPU tensors with the bucket's shapes (flat) and scalars, by argument name, for flyc.compile."""
-    rows = lay.rows
-
-    def empty(n: int, dtype: torch.dtype) -> torch.Tensor:
-        return torch.empty(n, dtype=dtype)
-
-    f32, u8, i32, i64 = torch.float32, torch.uint8, torch.int32, torch.int64
-    block = 64
-    record_page = block * KV_RECORD
-    return dict(
-        positions=empty(rows, i64), slot_mapping=empty(rows, i64),
-        swa_indices=empty(rows * deepseek_v4.SWA_WINDOW, i32), swa_lens=empty(rows, i32),
-        topk=empty(rows * lay.topk_width, i32), token_req=empty(rows, i32), block_table=empty(rows * 64, i32),
-        swa_cache=empty(4 * record_page, u8), comp_cache=empty(4 * record_page, u8),
-        weights=empty(len(WEIGHT_TABLE), i64), state=empty(len(STATE_TABLE), i64),
-        sync=empty(lay.sync_words, i32), work=empty(lay.work_words, f32),
-        mailbox=empty(lay.peer_bytes // PAIR_BYTES, i64), peers=empty(PEERS, i64), route_ids=empty(rows * TOPK, i32),
-        m=rows, rank=0, swa_page_stride=record_page, swa_block=block, comp_page_stride=record_page, comp_block=block,
-        bt_stride=64, per_page=block, use_hash=0, peer_wait_us=1,
-    )
+    return persistent_build(make_kernel(lay, frozenset(stages)), K2Template().arguments(spec), PIN_LDS_BYTES)

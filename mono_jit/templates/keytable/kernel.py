@@ -8,16 +8,16 @@ the running count. SWA entries are valid below swa_len and when >= 0; compressed
 """
 
 
-import flydsl.compiler as flyc
 import flydsl.expr as fx
-import torch
 from flydsl.expr import const_expr, range_constexpr
 
 from ... import deepseek_v4
 from ...spec import Spec
 from ..geometry import WAVE
+from . import KeyTableTemplate
 from .._dsl import dsl, flat_view, inclusive_count, last_lane, load_scalar, store_scalar
 from ..base import Build
+from ..launch import kernel_build
 
 SWA = deepseek_v4.SWA_WINDOW
 
@@ -63,35 +63,21 @@ def key_table_row(SwaIdx, SwaLens, TokReq, TopK, BlockTable, out_view, row, out_
 
 
 def build(spec: Spec) -> Build:
-    rows, width = spec.max_tokens, spec.topk_width
+    """One wave per row of the bucket."""
+    width = spec.topk_width
     csa = spec.ratio == deepseek_v4.CSA_RATIO
     row_width = width + SWA
 
-    @flyc.kernel
-    def keytable_kernel(SwaIdx: fx.Tensor, SwaLens: fx.Tensor, TokReq: fx.Tensor, TopK: fx.Tensor,
+    def keytable_kernel(SwaIndices: fx.Tensor, SwaLens: fx.Tensor, TokenReq: fx.Tensor, TopK: fx.Tensor,
                         BlockTable: fx.Tensor, Slots: fx.Tensor, Lens: fx.Tensor,
-                        m: fx.Int32, bt_stride: fx.Int32, per_page: fx.Int32):
+                        m: fx.Int32, block_table_stride: fx.Int32, entries_per_page: fx.Int32):
         row = fx.block_idx.x
         lane = fx.thread_idx.x
         if row < m:
-            count, _ = key_table_row(SwaIdx, SwaLens, TokReq, TopK, BlockTable, flat_view(Slots), row,
-                                     row * row_width, lane, width, csa, bt_stride, per_page)
+            count, _ = key_table_row(SwaIndices, SwaLens, TokenReq, TopK, BlockTable, flat_view(Slots), row,
+                                     row * row_width, lane, width, csa, block_table_stride, entries_per_page)
             if lane == 0:
                 store_scalar(flat_view(Lens), row, count, fx.Int32)
 
-    @flyc.jit
-    def launch_keytable(SwaIndices: fx.Tensor, SwaLens: fx.Tensor, TokenReq: fx.Tensor, TopK: fx.Tensor,
-                        BlockTable: fx.Tensor, Slots: fx.Tensor, Lens: fx.Tensor,
-                        m: fx.Int32, block_table_stride: fx.Int32, entries_per_page: fx.Int32,
-                        stream: fx.Stream = fx.Stream(None)):
-        keytable_kernel(SwaIndices, SwaLens, TokenReq, TopK, BlockTable, Slots, Lens, m, block_table_stride,
-                        entries_per_page).launch(grid=(rows, 1, 1), block=(WAVE, 1, 1), stream=stream)
-
-    def empty(n: int) -> torch.Tensor:
-        return torch.empty(n, dtype=torch.int32)
-
-    placeholders = (
-        empty(rows * SWA), empty(rows), empty(rows), empty(rows * width), empty(rows),
-        empty(rows * row_width), empty(rows), rows, 1, 1,
-    )
-    return Build(launch_keytable, placeholders)
+    return kernel_build(keytable_kernel, KeyTableTemplate().arguments(spec), grid=(spec.max_tokens, 1, 1),
+                        block=(WAVE, 1, 1))

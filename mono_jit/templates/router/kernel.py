@@ -14,9 +14,7 @@ no ocml), with log1p(t) ~ t(1 - t/2) for t < 1e-4 to keep small scores accurate.
 """
 
 
-import flydsl.compiler as flyc
 import flydsl.expr as fx
-import torch
 from flydsl.expr import gpu, range_constexpr
 from flydsl.expr.typing import ReductionOp
 
@@ -25,7 +23,8 @@ from ...spec import Spec
 from ..geometry import WAVE
 from .._dsl import better, flat_view, load, load_scalar, store_scalar, wave_argmax, wave_sum
 from ..base import Build
-from . import BLOCK
+from ..launch import kernel_build
+from . import BLOCK, RouterTemplate
 
 E = deepseek_v4.ROUTED_EXPERTS
 H = deepseek_v4.HIDDEN
@@ -51,7 +50,6 @@ class _Shared:
     logits: fx.Array[fx.Float32, E, 16]
 
 
-@flyc.kernel
 def router_kernel(X: fx.Tensor, Gate: fx.Tensor, Bias: fx.Tensor, HashIds: fx.Tensor,
                   Ids: fx.Tensor, Weights: fx.Tensor, m: fx.Int32, use_hash: fx.Int32):
     row = fx.block_idx.x
@@ -125,21 +123,6 @@ def select_top6(logit_of, bias_view, hash_view, row, lane, use_hash):
 
 
 def build(spec: Spec) -> Build:
-    rows = spec.max_tokens
-
-    @flyc.jit
-    def launch_router(X: fx.Tensor, Gate: fx.Tensor, Bias: fx.Tensor, HashIds: fx.Tensor,
-                      Ids: fx.Tensor, Weights: fx.Tensor, m: fx.Int32, use_hash: fx.Int32,
-                      stream: fx.Stream = fx.Stream(None)):
-        router_kernel(X, Gate, Bias, HashIds, Ids, Weights, m, use_hash).launch(
-            grid=(rows, 1, 1), block=(BLOCK, 1, 1), stream=stream)
-
-    def empty(n: int, dtype: torch.dtype) -> torch.Tensor:
-        return torch.empty(n, dtype=dtype)
-
-    placeholders = (
-        empty(rows * H, torch.bfloat16), empty(E * H, torch.bfloat16), empty(E, torch.float32),
-        empty(rows * TOPK, torch.int32), empty(rows * TOPK, torch.int32), empty(rows * TOPK, torch.float32),
-        rows, 0,
-    )
-    return Build(launch_router, placeholders)
+    """One CTA of BLOCK threads per row of the bucket."""
+    return kernel_build(router_kernel, RouterTemplate().arguments(spec), grid=(spec.max_tokens, 1, 1),
+                        block=(BLOCK, 1, 1))
