@@ -4,8 +4,10 @@ compile worker makes before tracing, and what they refuse."""
 
 from __future__ import annotations
 
+import flydsl.expr as fx
 import pytest
 
+from mono_jit.errors import TemplateError
 from mono_jit.spec import Spec
 from mono_jit.templates import get
 
@@ -22,7 +24,6 @@ def test_argument_contract_matches_the_launcher_and_placeholders(name, spec):
 def test_a_placeholder_of_another_dtype_or_kind_is_refused():
     import torch
 
-    from mono_jit.errors import TemplateError
     from mono_jit.templates import Argument, checks
 
     declared = (Argument.tensor("x", "bfloat16", ""), Argument.i32("m", ""))
@@ -57,7 +58,6 @@ def test_two_same_kind_arguments_swapped_in_the_declaration_fail_the_build_check
     from cache_settings import settings_at
 
     from mono_jit.cache import Entry, Store
-    from mono_jit.errors import TemplateError
     from mono_jit.templates import checks
 
     spec = Spec(8, 4, 1024, 1)
@@ -74,10 +74,9 @@ def test_two_same_kind_arguments_swapped_in_the_declaration_fail_the_build_check
 
 
 def test_a_launcher_with_a_parameter_of_another_kind_or_count_is_refused():
-    from mono_jit.errors import TemplateError
     from mono_jit.templates import Argument, checks
 
-    def launcher(X: fx.Tensor, m: fx.Int64, stream: fx.Stream = None):  # noqa: F821  # annotations stay text
+    def launcher(X: fx.Tensor, m: fx.Int64, stream: fx.Stream = None):  # annotations stay text
         pass
 
     parameters = checks.launcher_parameters(launcher)
@@ -93,13 +92,39 @@ def test_an_all_scalar_launchers_leading_anchor_tensor_is_left_out():
     leaves it out and still compares the scalars by name."""
     import torch
 
-    from mono_jit.errors import TemplateError
     from mono_jit.templates import Argument, Build, checks
 
-    def launcher(anchor: fx.Tensor, address: fx.Int64, m: fx.Int32, stream: fx.Stream = None):  # noqa: F821
+    def launcher(anchor: fx.Tensor, address: fx.Int64, m: fx.Int32, stream: fx.Stream = None):
         pass
 
     declared = (Argument.i64("address", ""), Argument.i32("m", ""))
     checks.match_build("t", declared, Build(launcher, (torch.empty(1, dtype=torch.uint8), 0, 0)))
     with pytest.raises(TemplateError, match="parameter 0 is address \\(i64\\), arguments\\(\\) declares m"):
         checks.match_build("t", declared[::-1], Build(launcher, (torch.empty(1, dtype=torch.uint8), 0, 0)))
+
+
+def test_a_launcher_takes_its_kernels_parameters_then_the_stream():
+    """templates/launch.py writes no parameter list: the @flyc.jit launcher's are the kernel's
+    (names, kinds and order, through FlyDSL's rewrite of the launcher), then `stream`; the
+    placeholders follow arguments() (a CPU tensor of each dtype, an int for a scalar)."""
+    import inspect
+
+    import torch
+
+    from mono_jit.templates import Argument, checks
+    from mono_jit.templates.launch import kernel_build
+
+    def toy_kernel(Values: fx.Tensor, Out: fx.Tensor, m: fx.Int32, base: fx.Int64):
+        pass
+
+    declared = (Argument.tensor("values", "bfloat16", ""), Argument.tensor("out", "int32", ""),
+                Argument.i32("m", ""), Argument.i64("base", ""))
+    build = kernel_build(toy_kernel, declared, grid=(2, 1, 1), block=(64, 1, 1))
+    assert checks.launcher_parameters(build.launcher) == [("Values", "tensor"), ("Out", "tensor"), ("m", "i32"),
+                                                          ("base", "i64")]
+    assert list(inspect.signature(build.launcher.func).parameters)[-1] == "stream"
+    assert [getattr(p, "dtype", int) for p in build.placeholders] == [torch.bfloat16, torch.int32, int, int]
+    assert all(p.device.type == "cpu" for p in build.placeholders[:2])
+    checks.match_build("toy", declared, build)
+    with pytest.raises(TemplateError, match="launcher parameter 0 is Values"):
+        checks.match_build("toy", (Argument.tensor("out", "int32", ""), *declared[1:]), build)

@@ -48,11 +48,14 @@ def compile_all() -> dict[str, dict[str, Any]]:
     """Compile every micro-kernel in this process (a compile worker): name -> hsaco, launches,
     arguments."""
     from mono_jit.compiler import compile_build
+    from mono_jit.templates.checks import match_build
 
     out = {}
     for module in MODULES:
         for kernel in importlib.import_module(f"{__name__}.{module}").KERNELS:
-            hsaco, launches = compile_build(kernel.build())
+            build = kernel.build()
+            match_build(kernel.name, kernel.arguments, build)
+            hsaco, launches = compile_build(build)
             out[kernel.name] = {"hsaco": hsaco, "launches": launches,
                                 "arguments": [a.as_dict() for a in kernel.arguments]}
     return out

@@ -1,29 +1,32 @@
-"""What a micro-kernel is (a name, its arguments as the runtime packs them, its FlyDSL launcher)
-and how it becomes a Build. No FlyDSL here: the host side reads it too."""
+"""What a micro-kernel is (a name, its arguments as the runtime packs them, its FlyDSL kernel
+function and launch shape) and how it becomes a Build. No FlyDSL here: the host side reads it
+too."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import Callable
 
 from mono_jit.templates.base import Argument, Build
+from mono_jit.templates.geometry import WAVE
 
 
 @dataclass(frozen=True)
 class MicroKernel:
-    """One @flyc.jit launcher taking `arguments` in order (1-D tensors, the templates' kernarg
-    ABI: a pointer and an i32 extent each)."""
+    """One kernel function taking `arguments` in order (1-D tensors, the templates' kernarg ABI: a
+    pointer and an i32 extent each), launched on `grid` x `block`."""
 
     name: str
     arguments: tuple[Argument, ...]
-    launcher: Any
+    kernel: Callable
+    grid: tuple[int, int, int] = (1, 1, 1)
+    block: tuple[int, int, int] = (WAVE, 1, 1)
 
     def build(self) -> Build:
-        """The launcher with CPU placeholders: a small tensor of each dtype (extents are
-        kernargs, not part of the code)."""
-        return Build(self.launcher, tuple(torch.empty(64, dtype=getattr(torch, a.dtype)) for a in self.arguments))
+        """Its launcher and placeholders, made as the templates' are (templates/launch.py)."""
+        from mono_jit.templates.launch import kernel_build
+
+        return kernel_build(self.kernel, self.arguments, grid=self.grid, block=self.block)
 
 
 def tensors(*specs: str) -> tuple[Argument, ...]:

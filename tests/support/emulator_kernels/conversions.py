@@ -3,10 +3,9 @@ clamped e4m3 pairs), bf16x8 and fp8x4_to_f32; a UE8M0 byte widened and turned in
 as k2/kernel.py's KV dequantisation does; gfx950's fp4 conversions (scale 1); and an i32 -> f32
 of a lane index (which LLVM emits as v_cvt_f32_ubyte0).
 
-(No `from __future__ import annotations`: @flyc.kernel and @flyc.jit read real annotations.)
+(No `from __future__ import annotations`: FlyDSL reads the kernels' real annotations.)
 """
 
-import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl.expr import range_constexpr
@@ -21,7 +20,6 @@ FP8_MULTIPLIER = 2.0  # fp8x8's multiplier, applied before the clamp to +-448
 CODES_PER_LANE = 4  # byte_codes covers all 256 byte values
 
 
-@flyc.kernel
 def fp8_bf16_kernel(F: fx.Tensor, Codes: fx.Tensor, Fp8: fx.Tensor, Bf16: fx.Tensor, Decoded: fx.Tensor):
     lane = fx.thread_idx.x
     chunk = load8_f32(flat_view(F, 4), lane * 8)
@@ -31,7 +29,6 @@ def fp8_bf16_kernel(F: fx.Tensor, Codes: fx.Tensor, Fp8: fx.Tensor, Bf16: fx.Ten
     store(flat_view(Decoded, 4), lane, fx.Vector.from_elements(fp8x4_to_f32(word), fx.Float32), fx.Float32, 4)
 
 
-@flyc.kernel
 def byte_codes_kernel(Codes: fx.Tensor, Widened: fx.Tensor, Scales: fx.Tensor):
     lane = fx.thread_idx.x
     for rep in range_constexpr(CODES_PER_LANE):
@@ -41,7 +38,6 @@ def byte_codes_kernel(Codes: fx.Tensor, Widened: fx.Tensor, Scales: fx.Tensor):
         store_scalar(flat_view(Scales), at, e8m0_scale(code), fx.Float32)
 
 
-@flyc.kernel
 def fp4_kernel(F: fx.Tensor, Codes: fx.Tensor, Packed: fx.Tensor, Decoded: fx.Tensor):
     """Packed[lane]: the lane's 8 f32 as e2m1 nibbles (value 2 p + h in nibble 2 p + h);
     Decoded[8 lane ..]: the 8 nibbles of Codes[lane] as f32."""
@@ -63,38 +59,15 @@ def fp4_kernel(F: fx.Tensor, Codes: fx.Tensor, Packed: fx.Tensor, Decoded: fx.Te
                                                                               fx.Float32), fx.Float32, 4)
 
 
-@flyc.kernel
 def lane_to_float_kernel(Out: fx.Tensor):
     lane = fx.thread_idx.x
     store_scalar(flat_view(Out), lane, lane.to(fx.Float32), fx.Float32)
 
 
-@flyc.jit
-def launch_fp8_bf16(F: fx.Tensor, Codes: fx.Tensor, Fp8: fx.Tensor, Bf16: fx.Tensor, Decoded: fx.Tensor,
-                    stream: fx.Stream = fx.Stream(None)):
-    fp8_bf16_kernel(F, Codes, Fp8, Bf16, Decoded).launch(grid=(1, 1, 1), block=(WAVE, 1, 1), stream=stream)
-
-
-@flyc.jit
-def launch_byte_codes(Codes: fx.Tensor, Widened: fx.Tensor, Scales: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
-    byte_codes_kernel(Codes, Widened, Scales).launch(grid=(1, 1, 1), block=(WAVE, 1, 1), stream=stream)
-
-
-@flyc.jit
-def launch_fp4(F: fx.Tensor, Codes: fx.Tensor, Packed: fx.Tensor, Decoded: fx.Tensor,
-               stream: fx.Stream = fx.Stream(None)):
-    fp4_kernel(F, Codes, Packed, Decoded).launch(grid=(1, 1, 1), block=(WAVE, 1, 1), stream=stream)
-
-
-@flyc.jit
-def launch_lane_to_float(Out: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
-    lane_to_float_kernel(Out).launch(grid=(1, 1, 1), block=(WAVE, 1, 1), stream=stream)
-
-
 KERNELS = (
     MicroKernel("fp8_bf16", tensors("f:float32", "codes:int32", "fp8:uint8", "bf16:bfloat16", "decoded:float32"),
-                launch_fp8_bf16),
-    MicroKernel("byte_codes", tensors("codes:uint8", "widened:int32", "scales:float32"), launch_byte_codes),
-    MicroKernel("fp4", tensors("f:float32", "codes:int32", "packed:int32", "decoded:float32"), launch_fp4),
-    MicroKernel("lane_to_float", tensors("out:float32"), launch_lane_to_float),
+                fp8_bf16_kernel),
+    MicroKernel("byte_codes", tensors("codes:uint8", "widened:int32", "scales:float32"), byte_codes_kernel),
+    MicroKernel("fp4", tensors("f:float32", "codes:int32", "packed:int32", "decoded:float32"), fp4_kernel),
+    MicroKernel("lane_to_float", tensors("out:float32"), lane_to_float_kernel),
 )

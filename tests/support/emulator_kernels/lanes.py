@@ -3,10 +3,9 @@ operations: those the templates' helpers use (templates/_dsl.py: shuffles, which
 gets as ds_swizzle, v_permlane*_swap, ds_bpermute and v_readlane; wave_sum, inclusive_count,
 wave_argmax), readfirstlane under a partial EXEC, and ds_swizzle's two modes.
 
-(No `from __future__ import annotations`: @flyc.kernel and @flyc.jit read real annotations.)
+(No `from __future__ import annotations`: FlyDSL reads the kernels' real annotations.)
 """
 
-import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl._mlir import ir
 from flydsl._mlir.dialects import llvm
@@ -38,7 +37,6 @@ def _swapped(swap, x):
     return fx.Int32(llvm.extractvalue(i32, pair, [0]))
 
 
-@flyc.kernel
 def vector_add_kernel(A: fx.Tensor, B: fx.Tensor, C: fx.Tensor):
     chunk = fx.block_idx.x * ADD_BLOCK + fx.thread_idx.x
     a = load(flat_view(A, 4), chunk, fx.Float32, 4)
@@ -46,7 +44,6 @@ def vector_add_kernel(A: fx.Tensor, B: fx.Tensor, C: fx.Tensor):
     store(flat_view(C, 4), chunk, a + b, fx.Float32, 4)
 
 
-@flyc.kernel
 def cross_lane_kernel(X: fx.Tensor, Flags: fx.Tensor, Values: fx.Tensor, Out: fx.Tensor):
     """Out[lane, k] is column k of CROSS_LANE."""
     lane = fx.thread_idx.x
@@ -67,13 +64,11 @@ def cross_lane_kernel(X: fx.Tensor, Flags: fx.Tensor, Values: fx.Tensor, Out: fx
         store_scalar(out, lane * len(CROSS_LANE) + k, results[k], fx.Int32)
 
 
-@flyc.kernel
 def quad_swizzle_kernel(X: fx.Tensor, Out: fx.Tensor):
     lane = fx.thread_idx.x
     store_scalar(flat_view(Out), lane, _swizzle(load_scalar(flat_view(X), lane, fx.Int32), QUAD_SWIZZLE), fx.Int32)
 
 
-@flyc.kernel
 def i64_greater_kernel(A: fx.Tensor, B: fx.Tensor, Out: fx.Tensor):
     """Out[lane] = A[lane] > B[lane] as signed i64 (v_cmp_gt_i64, the K2 peer wait's deadline test)."""
     lane = fx.thread_idx.x
@@ -82,30 +77,10 @@ def i64_greater_kernel(A: fx.Tensor, B: fx.Tensor, Out: fx.Tensor):
     store_scalar(flat_view(Out), lane, (a > b).select(1, 0), fx.Int32)
 
 
-@flyc.jit
-def launch_vector_add(A: fx.Tensor, B: fx.Tensor, C: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
-    vector_add_kernel(A, B, C).launch(grid=(ADD_GRID, 1, 1), block=(ADD_BLOCK, 1, 1), stream=stream)
-
-
-@flyc.jit
-def launch_cross_lane(X: fx.Tensor, Flags: fx.Tensor, Values: fx.Tensor, Out: fx.Tensor,
-                      stream: fx.Stream = fx.Stream(None)):
-    cross_lane_kernel(X, Flags, Values, Out).launch(grid=(1, 1, 1), block=(WAVE, 1, 1), stream=stream)
-
-
-@flyc.jit
-def launch_quad_swizzle(X: fx.Tensor, Out: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
-    quad_swizzle_kernel(X, Out).launch(grid=(1, 1, 1), block=(WAVE, 1, 1), stream=stream)
-
-
-@flyc.jit
-def launch_i64_greater(A: fx.Tensor, B: fx.Tensor, Out: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
-    i64_greater_kernel(A, B, Out).launch(grid=(1, 1, 1), block=(WAVE, 1, 1), stream=stream)
-
-
 KERNELS = (
-    MicroKernel("vector_add", tensors("a:float32", "b:float32", "c:float32"), launch_vector_add),
-    MicroKernel("cross_lane", tensors("x:int32", "flags:int32", "values:float32", "out:int32"), launch_cross_lane),
-    MicroKernel("quad_swizzle", tensors("x:int32", "out:int32"), launch_quad_swizzle),
-    MicroKernel("i64_greater", tensors("a:int64", "b:int64", "out:int32"), launch_i64_greater),
+    MicroKernel("vector_add", tensors("a:float32", "b:float32", "c:float32"), vector_add_kernel,
+                grid=(ADD_GRID, 1, 1), block=(ADD_BLOCK, 1, 1)),
+    MicroKernel("cross_lane", tensors("x:int32", "flags:int32", "values:float32", "out:int32"), cross_lane_kernel),
+    MicroKernel("quad_swizzle", tensors("x:int32", "out:int32"), quad_swizzle_kernel),
+    MicroKernel("i64_greater", tensors("a:int64", "b:int64", "out:int32"), i64_greater_kernel),
 )

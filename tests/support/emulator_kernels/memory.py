@@ -3,13 +3,11 @@ num_records, global atomics from many lanes and workgroups, one workgroup waitin
 another publishes (templates/sync_device.py's publish / wait), and a kernel that reads past its
 tensor through a plain global pointer (a stride bug the emulator must catch).
 
-(No `from __future__ import annotations`: @flyc.kernel and @flyc.jit read real annotations.)
+(No `from __future__ import annotations`: FlyDSL reads the kernels' real annotations.)
 """
 
-import flydsl.compiler as flyc
 import flydsl.expr as fx
 
-from mono_jit.templates.geometry import WAVE
 from mono_jit.templates._dsl import flat_view, load, load_global, load_scalar, store, store_scalar
 from mono_jit.templates.sync_device import publish, step_tag, wait
 from mono_jit.templates.sync_words import FIRST_FLAG
@@ -20,7 +18,6 @@ ATOMIC_GRID, ATOMIC_BLOCK, COUNTERS = 8, 256, 4
 SMALL_BASE = 1000  # buffer_bounds stores lane + SMALL_BASE
 
 
-@flyc.kernel
 def buffer_bounds_kernel(X: fx.Tensor, Scalars: fx.Tensor, Chunks: fx.Tensor, Small: fx.Tensor):
     lane = fx.thread_idx.x
     store_scalar(flat_view(Scalars), lane, load_scalar(flat_view(X), lane, fx.Float32), fx.Float32)
@@ -28,14 +25,12 @@ def buffer_bounds_kernel(X: fx.Tensor, Scalars: fx.Tensor, Chunks: fx.Tensor, Sm
     store_scalar(flat_view(Small), lane, lane + SMALL_BASE, fx.Int32)
 
 
-@flyc.kernel
 def atomics_kernel(Counters: fx.Tensor, Old: fx.Tensor):
     tid = fx.thread_idx.x
     before = fx.atomic_add(fx.get_iter(Counters) + tid % COUNTERS, fx.Int32(1), syncscope="agent")
     store_scalar(flat_view(Old), fx.block_idx.x * ATOMIC_BLOCK + tid, before, fx.Int32)
 
 
-@flyc.kernel
 def flag_kernel(Sync: fx.Tensor, Data: fx.Tensor, Out: fx.Tensor):
     tid = fx.thread_idx.x
     tag = step_tag(Sync)
@@ -47,37 +42,16 @@ def flag_kernel(Sync: fx.Tensor, Data: fx.Tensor, Out: fx.Tensor):
         store_scalar(flat_view(Out), tid, load_scalar(flat_view(Data), tid, fx.Int32), fx.Int32)
 
 
-@flyc.kernel
 def misaddressed_kernel(X: fx.Tensor, Out: fx.Tensor):
     lane = fx.thread_idx.x
     store_scalar(flat_view(Out), lane, load_global(X, lane * 2), fx.Float32)  # stride 2 over 64 elements
 
 
-@flyc.jit
-def launch_buffer_bounds(X: fx.Tensor, Scalars: fx.Tensor, Chunks: fx.Tensor, Small: fx.Tensor,
-                         stream: fx.Stream = fx.Stream(None)):
-    buffer_bounds_kernel(X, Scalars, Chunks, Small).launch(grid=(1, 1, 1), block=(WAVE, 1, 1), stream=stream)
-
-
-@flyc.jit
-def launch_atomics(Counters: fx.Tensor, Old: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
-    atomics_kernel(Counters, Old).launch(grid=(ATOMIC_GRID, 1, 1), block=(ATOMIC_BLOCK, 1, 1), stream=stream)
-
-
-@flyc.jit
-def launch_flag(Sync: fx.Tensor, Data: fx.Tensor, Out: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
-    flag_kernel(Sync, Data, Out).launch(grid=(2, 1, 1), block=(WAVE, 1, 1), stream=stream)
-
-
-@flyc.jit
-def launch_misaddressed(X: fx.Tensor, Out: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
-    misaddressed_kernel(X, Out).launch(grid=(1, 1, 1), block=(WAVE, 1, 1), stream=stream)
-
-
 KERNELS = (
     MicroKernel("buffer_bounds", tensors("x:float32", "scalars:float32", "chunks:float32", "small:int32"),
-                launch_buffer_bounds),
-    MicroKernel("atomics", tensors("counters:int32", "old:int32"), launch_atomics),
-    MicroKernel("flag", tensors("sync:int32", "data:int32", "out:int32"), launch_flag),
-    MicroKernel("misaddressed", tensors("x:float32", "out:float32"), launch_misaddressed),
+                buffer_bounds_kernel),
+    MicroKernel("atomics", tensors("counters:int32", "old:int32"), atomics_kernel,
+                grid=(ATOMIC_GRID, 1, 1), block=(ATOMIC_BLOCK, 1, 1)),
+    MicroKernel("flag", tensors("sync:int32", "data:int32", "out:int32"), flag_kernel, grid=(2, 1, 1)),
+    MicroKernel("misaddressed", tensors("x:float32", "out:float32"), misaddressed_kernel),
 )

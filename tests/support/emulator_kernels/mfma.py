@@ -4,13 +4,11 @@ K2's routed experts), so the test can hold the result against tests/support/mfma
 "transposed" variant feeds lane l the bytes meant for lane 4 (l % 16) + l / 16 (a row-major
 lane order instead of the hardware's lane = 16 group + row): a wrong layout the model rejects.
 
-(No `from __future__ import annotations`: @flyc.kernel and @flyc.jit read real annotations.)
+(No `from __future__ import annotations`: FlyDSL reads the kernels' real annotations.)
 """
 
-import flydsl.compiler as flyc
 import flydsl.expr as fx
 
-from mono_jit.templates.geometry import WAVE
 from mono_jit.templates._dsl import flat_view, load, load_scalar, store
 from mono_jit.templates._gemv import FP4, FP8, mfma, operand
 
@@ -36,12 +34,11 @@ def _transposed(lane):
     return (lane % 16) * 4 + lane // 16
 
 
-def _launcher(a_format: int, transposed: bool):
-    """A one-wave launcher of the MFMA with A in `a_format`, lanes fed in order or transposed."""
+def _kernel(a_format: int, transposed: bool):
+    """A one-wave kernel of the MFMA with A in `a_format`, lanes fed in order or transposed."""
     load_a = _fp4_operand if a_format == FP4 else _fp8_operand
     source_lane = _transposed if transposed else (lambda lane: lane)
 
-    @flyc.kernel
     def scaled_mfma_kernel(A: fx.Tensor, ScaleA: fx.Tensor, B: fx.Tensor, ScaleB: fx.Tensor, Acc: fx.Tensor,
                            Out: fx.Tensor):
         lane = fx.thread_idx.x
@@ -52,16 +49,11 @@ def _launcher(a_format: int, transposed: bool):
         acc = load(flat_view(Acc, 4), lane, fx.Float32, 4)
         store(flat_view(Out, 4), lane, mfma(a, b, acc, scale_a, scale_b, a_format), fx.Float32, 4)
 
-    @flyc.jit
-    def launch(A: fx.Tensor, ScaleA: fx.Tensor, B: fx.Tensor, ScaleB: fx.Tensor, Acc: fx.Tensor, Out: fx.Tensor,
-               stream: fx.Stream = fx.Stream(None)):
-        scaled_mfma_kernel(A, ScaleA, B, ScaleB, Acc, Out).launch(grid=(1, 1, 1), block=(WAVE, 1, 1), stream=stream)
-
-    return launch
+    return scaled_mfma_kernel
 
 
 KERNELS = (
-    MicroKernel("mfma_fp8_fp8", ARGUMENTS, _launcher(FP8, transposed=False)),
-    MicroKernel("mfma_fp4_fp8", ARGUMENTS, _launcher(FP4, transposed=False)),
-    MicroKernel("mfma_fp8_fp8_transposed", ARGUMENTS, _launcher(FP8, transposed=True)),
+    MicroKernel("mfma_fp8_fp8", ARGUMENTS, _kernel(FP8, transposed=False)),
+    MicroKernel("mfma_fp4_fp8", ARGUMENTS, _kernel(FP4, transposed=False)),
+    MicroKernel("mfma_fp8_fp8_transposed", ARGUMENTS, _kernel(FP8, transposed=True)),
 )
