@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Callable, cast
 
+import flydsl.expr as fx
 from flydsl.expr import const_expr, gpu
 
 from ._dsl import dsl
-from .geometry import CTAS
-from .schedule import Stage, Wait, awaited
-from .sync_device import publish, wait
+from .geometry import CTAS, LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS, WAVE
+from .schedule import NO_DATA, Stage, Wait, awaited
+from .sync_device import arrive, publish, step_tag, wait
 
 
 class Frame(SimpleNamespace):
@@ -30,6 +31,27 @@ class Frame(SimpleNamespace):
     def but(self, **changes: Any) -> "Frame":
         """A copy with `changes`."""
         return Frame(**{**vars(self), **changes})
+
+
+def enter(lay: Any, Sync, m, shared_struct: type) -> Frame:
+    """The frame a persistent kernel starts from, as the CTA arrives on `Sync`: `lay`, `Sync`, `m`
+    clamped to the bucket (a bad m must not write past it or wait on other flags), this thread's
+    `tid`, `lane`, `wave` and `cta`, the kernel's LDS (`shared`, a `shared_struct` whose first
+    fields are the `red`, `gate` and `acc` arrays every kernel's stages share, viewed as `red`,
+    `gate` and `lds_acc`), this launch's `tag` and no launch data."""
+    m = fx.min(fx.max(m, 0), lay.rows)
+    tid = fx.thread_idx.x
+    lane = tid % WAVE
+    wave = tid // WAVE
+    cta = fx.block_idx.x
+    shared = fx.SharedAllocator().allocate(shared_struct).peek()
+    red = shared.red.view(fx.make_layout(LDS_RED_WORDS, 1))
+    gate = shared.gate.view(fx.make_layout(LDS_GATE_WORDS, 1))
+    lds_acc = shared.acc.view(fx.make_layout(LDS_ACC_WORDS, 1))
+    tag = step_tag(Sync)
+    arrive(Sync, tid)
+    return Frame(lay=lay, Sync=Sync, m=m, tid=tid, lane=lane, wave=wave, cta=cta, shared=shared, red=red, gate=gate,
+                 lds_acc=lds_acc, tag=tag, data=NO_DATA)
 
 
 def _same_frame(k: Frame) -> Frame:

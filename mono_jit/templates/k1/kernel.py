@@ -46,11 +46,11 @@ from .._gemv import Fp8Weight, Mxfp8Rows, gemv_reduce, gemv_steps
 from .._numerics import VEC, bf16_round, bf16x8, e8m0, e8m0_inverse, amax8, fp8x8, block_sum, load8_f32, \
     mx_store, rope8, rsqrt
 from .._seam import fold_row, mix_weights, seam_row
-from ..sync_device import arrive, leave, step_tag
+from ..sync_device import leave
 from ..base import Build
 from ..launch import persistent_build
-from ..schedule import NO_DATA, Stage
-from ..stage_loop import Frame, StageWork, run_stage
+from ..schedule import Stage
+from ..stage_loop import StageWork, enter, run_stage
 from .. import addressing, seam_layout
 from . import K1Template, addressing as k1_addressing
 from ...deepseek_v4 import EPS, HEAD_DIM, KV_LORA, NOPE, Q_LORA
@@ -154,8 +154,6 @@ def make_kernel(lay: K1Layout, stages: frozenset[int] = ALL_STAGES):
     left out does not wait for it and reads its inputs from the buffers as the caller prepared
     them, so each stage can be tested alone against its reference on a GPU or the emulator.
     """
-    rows = lay.rows
-
     def k1_kernel(X: fx.Tensor, Residual: fx.Tensor, PostMix: fx.Tensor, ResMix: fx.Tensor,
                   HcFn: fx.Tensor, HcBase: fx.Tensor, HcScale: fx.Tensor, AttnNorm: fx.Tensor,
                   WQkv: fx.Tensor, SQkv: fx.Tensor, QNorm: fx.Tensor, KvNorm: fx.Tensor,
@@ -167,18 +165,7 @@ def make_kernel(lay: K1Layout, stages: frozenset[int] = ALL_STAGES):
                   m: fx.Int32, do_fold: fx.Int32, qkv_stride: fx.Int32, qkv_shuffled: fx.Int32,
                   qb_stride: fx.Int32, qb_shuffled: fx.Int32,
                   page_stride: fx.Int32, block_size: fx.Int32):
-        m = fx.min(fx.max(m, 0), rows)  # a bad m must not write past the bucket or wait on other flags
-        tid = fx.thread_idx.x
-        lane = tid % WAVE
-        wave = tid // WAVE
-        cta = fx.block_idx.x
-        shared = fx.SharedAllocator().allocate(_Shared).peek()
-        red = shared.red.view(fx.make_layout(LDS_RED_WORDS, 1))
-        gate = shared.gate.view(fx.make_layout(LDS_GATE_WORDS, 1))
-        lds_acc = shared.acc.view(fx.make_layout(LDS_ACC_WORDS, 1))
-        tag = step_tag(Sync)
-        arrive(Sync, tid)
-
+        k = enter(lay, Sync, m, _Shared)
         f32 = flat_view(WorkF32, 1, lay.f32_words * 4)  # scratch: sized by the layout
         f32x4 = flat_view(WorkF32, 4, lay.f32_words * 4)
         u8 = flat_view(WorkU8, 1, lay.bytes)
@@ -188,20 +175,19 @@ def make_kernel(lay: K1Layout, stages: frozenset[int] = ALL_STAGES):
         w_qb = Fp8Weight(flat_view(WQb, 16), fx.get_iter(SQb), Q_LORA, qb_stride, qb_shuffled)
         x_mx = Mxfp8Rows(u8x16, u8, lay.x_codes, lay.x_scales, H)
         qr_mx = Mxfp8Rows(u8x16, u8, lay.qr_codes, lay.qr_scales, Q_LORA)
-        stream = tid // SEAM_CHUNK  # S1: the mHC stream this thread folds
-        k = Frame(lay=lay, X=X, Residual=Residual, PostMix=PostMix, ResMix=ResMix, HcFn=HcFn, HcBase=HcBase,
-                  HcScale=HcScale, AttnNorm=AttnNorm, QNorm=QNorm, KvNorm=KvNorm, Rope=Rope, Positions=Positions,
+        stream = k.tid // SEAM_CHUNK  # S1: the mHC stream this thread folds
+        k = k.but(X=X, Residual=Residual, PostMix=PostMix, ResMix=ResMix, HcFn=HcFn, HcBase=HcBase, HcScale=HcScale,
+                  AttnNorm=AttnNorm, QNorm=QNorm, KvNorm=KvNorm, Rope=Rope, Positions=Positions,
                   SlotMapping=SlotMapping, KvCache=KvCache, ROut=ROut, PostOut=PostOut, CombOut=CombOut,
-                  XNorm=XNorm, QrOut=QrOut, QOut=QOut, Sync=Sync, m=m, do_fold=do_fold, page_stride=page_stride,
-                  block_size=block_size, tid=tid, lane=lane, wave=wave, cta=cta, red=red, gate=gate,
-                  lds_acc=lds_acc, tag=tag, f32=f32, f32x4=f32x4, u8=u8, u8x8=u8x8, w_qkv=w_qkv, w_qb=w_qb,
-                  x_mx=x_mx, qr_mx=qr_mx, stream=stream, data=NO_DATA)
+                  XNorm=XNorm, QrOut=QrOut, QOut=QOut, do_fold=do_fold, page_stride=page_stride,
+                  block_size=block_size, f32=f32, f32x4=f32x4, u8=u8, u8x8=u8x8, w_qkv=w_qkv, w_qb=w_qb,
+                  x_mx=x_mx, qr_mx=qr_mx, stream=stream)
 
         for stage in lay.schedule:
             if const_expr(stage.number in stages):
                 run_stage(k, stage, stages, STAGE_WORK[stage.number])
 
-        leave(Sync, tag, CTAS, tid)
+        leave(Sync, k.tag, CTAS, k.tid)
 
     return k1_kernel
 

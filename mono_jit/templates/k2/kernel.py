@@ -53,8 +53,8 @@ from ..geometry import (CTAS, LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS, PAIR
                         SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, THREADS, TILE_N, WAVE, WAVES)
 from ..keytable.kernel import key_table_row
 from ..router.kernel import select_top6
-from ..stage_loop import Frame, StageWork, run_stage
-from ..sync_device import arrive, leave, step_tag
+from ..stage_loop import Frame, StageWork, enter, run_stage
+from ..sync_device import leave
 from . import K2Template, addressing as attention_addressing
 from .moe_addressing import expert_scale_bytes, expert_weight_bytes, w13_tile
 from .moe_kernel import PickRows, act_row, fp4_steps, logits_task, reduce_to_picks, store_down, union_task
@@ -601,7 +601,6 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
     from lay.schedule (stage_loop.run_stage) with its work from STAGE_WORK; a subset is a
     standalone launch of those stages that reads its inputs from the buffers as the caller
     prepared them (k1/kernel.make_kernel), for the per-stage tests on a GPU."""
-    rows, row_tiles = lay.rows, lay.row_tiles
     half_words = lay.half_bytes // PAIR_BYTES
 
     def k2_kernel(Positions: fx.Tensor, SlotMapping: fx.Tensor, SwaIndices: fx.Tensor, SwaLens: fx.Tensor,
@@ -611,38 +610,27 @@ def make_kernel(lay: K2MoeLayout, stages: frozenset[int] = ALL_STAGES):
                   m: fx.Int32, rank: fx.Int32, swa_page_stride: fx.Int32, swa_block: fx.Int32,
                   comp_page_stride: fx.Int32, comp_block: fx.Int32, bt_stride: fx.Int32, per_page: fx.Int32,
                   use_hash: fx.Int32, peer_wait_us: fx.Int32):
-        m = fx.min(fx.max(m, 0), rows)  # a bad m must not write past the bucket or wait on other flags
-        tid = fx.thread_idx.x
-        lane = tid % WAVE
-        wave = tid // WAVE
-        cta = fx.block_idx.x
-        shared = fx.SharedAllocator().allocate(_Shared).peek()
-        red = shared.red.view(fx.make_layout(LDS_RED_WORDS, 1))
-        gate = shared.gate.view(fx.make_layout(LDS_GATE_WORDS, 1))
-        lds_acc = shared.acc.view(fx.make_layout(LDS_ACC_WORDS, 1))
-        y = shared.y.view(fx.make_layout(LDS_Y_WORDS, 1))
-        lds_peers = shared.peers.view(fx.make_layout(LDS_PEER_WORDS, 1))
-        lds_moe = shared.moe.view(fx.make_layout(LDS_MOE_WORDS, 1))
-        tag = step_tag(Sync)
-        half_at = ((tag - 1) & 1) * half_words  # the peer half of this launch's epoch parity
-        arrive(Sync, tid)
+        k = enter(lay, Sync, m, _Shared)
+        y = k.shared.y.view(fx.make_layout(LDS_Y_WORDS, 1))
+        lds_peers = k.shared.peers.view(fx.make_layout(LDS_PEER_WORDS, 1))
+        lds_moe = k.shared.moe.view(fx.make_layout(LDS_MOE_WORDS, 1))
+        half_at = ((k.tag - 1) & 1) * half_words  # the peer half of this launch's epoch parity
         if const_expr(bool(stages & PEER_STAGES)):
-            stage_peer_addresses(Peers, lds_peers, tid)
-        k = Frame(lay=lay, Positions=Positions, SlotMapping=SlotMapping, SwaIndices=SwaIndices, SwaLens=SwaLens,
-                  TopK=TopK, TokenReq=TokenReq, BlockTable=BlockTable, SwaCache=SwaCache, CompCache=CompCache,
-                  Weights=Weights, State=State, Sync=Sync, Work=Work, Mailbox=Mailbox, RouteIds=RouteIds, m=m,
-                  rank=rank, swa_page_stride=swa_page_stride, swa_block=swa_block, comp_page_stride=comp_page_stride,
+            stage_peer_addresses(Peers, lds_peers, k.tid)
+        k = k.but(Positions=Positions, SlotMapping=SlotMapping, SwaIndices=SwaIndices, SwaLens=SwaLens, TopK=TopK,
+                  TokenReq=TokenReq, BlockTable=BlockTable, SwaCache=SwaCache, CompCache=CompCache, Weights=Weights,
+                  State=State, Work=Work, Mailbox=Mailbox, RouteIds=RouteIds, rank=rank,
+                  swa_page_stride=swa_page_stride, swa_block=swa_block, comp_page_stride=comp_page_stride,
                   comp_block=comp_block, bt_stride=bt_stride, per_page=per_page, use_hash=use_hash,
-                  peer_wait_us=peer_wait_us, tid=tid, lane=lane, wave=wave, cta=cta, red=red, gate=gate,
-                  lds_acc=lds_acc, y=y, lds_peers=lds_peers, lds_moe=lds_moe, tag=tag, half_at=half_at,
-                  row_tiles=row_tiles, data=stage_table.NO_DATA)
+                  peer_wait_us=peer_wait_us, y=y, lds_peers=lds_peers, lds_moe=lds_moe, half_at=half_at,
+                  row_tiles=lay.row_tiles)
 
         last = k
         for stage in lay.schedule:
             if const_expr(stage.number in stages):
                 last = run_stage(k, stage, stages, STAGE_WORK[stage.number])
 
-        leave(Sync, tag, CTAS, last.tid)  # the last stage's own tid: the kernel's is dead after its first stage
+        leave(Sync, k.tag, CTAS, last.tid)  # the last stage's own tid: the kernel's is dead after its first stage
 
     return k2_kernel
 
