@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence
 
-from .geometry import CTAS
+from .geometry import CTAS, TILE_N
 from .sync_words import FIRST_FLAG
 
 Layout = Any  # the template's layout object; the table's functions take it as their first argument
@@ -240,6 +240,7 @@ class ScheduledLayout:
     tests and the kernel's trace ask for them per task."""
 
     schedule: tuple[Stage, ...]
+    rows: int  # the bucket's token rows
     # the scratch regions, each table packed in order; the byte table's ends rounded to byte_align
     f32_regions: ClassVar[tuple[Region, ...]] = ()
     i32_regions: ClassVar[tuple[Region, ...]] = ()
@@ -248,6 +249,18 @@ class ScheduledLayout:
 
     def tasks(self, number: int) -> int:
         return stage(self.schedule, number).count(self)
+
+    @property
+    def row_tiles(self) -> int:
+        """16-token column blocks of the MFMA B operand."""
+        return -(-self.rows // TILE_N)
+
+    @property
+    def operand_rows(self) -> int:
+        """Token rows a GEMV's B operand reads: whole 16-token tiles. Rows past `rows` are never
+        written (their products reach only output columns that are never stored), but they are
+        allocated, so a bucket of 1 reads 16 rows inside the buffer."""
+        return self.row_tiles * TILE_N
 
     # -- sync words (int32): epoch, exit and arrival counters, then a flag per producer task --
     @cached_property

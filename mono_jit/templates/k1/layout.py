@@ -127,11 +127,6 @@ class K1Layout(sched.ScheduledLayout):
     def q_width(self) -> int:
         return self.heads * HEAD_DIM
 
-    @property
-    def row_tiles(self) -> int:
-        """16-token column blocks of the MFMA B operand."""
-        return math.ceil(self.rows / TILE_N)
-
     # -- task tables (the schedule's) -------------------------------------------------------
     @property
     def s5_tasks_per_head(self) -> int:
@@ -159,13 +154,6 @@ class K1Layout(sched.ScheduledLayout):
         return self._f32("end")
 
     # -- byte scratch: the GEMVs' MXFP8 operands, one row per token of the MFMA's B operand ----
-    @property
-    def operand_rows(self) -> int:
-        """Token rows the GEMVs' B operand reads: whole 16-token tiles. Rows past `rows` are never
-        written (their products reach only output columns that are never stored), but they are
-        allocated, so a bucket of 1 reads 16 rows inside the buffer."""
-        return self.row_tiles * TILE_N
-
     @property
     def x_codes(self) -> int:
         return self._byte("x_codes")

@@ -309,11 +309,6 @@ class K2Layout(sched.ScheduledLayout):
         return math.ceil(self.keys / self.chunk)
 
     @property
-    def row_tiles(self) -> int:
-        """16-token column blocks of the MFMA B operand."""
-        return math.ceil(self.rows / TILE_N)
-
-    @property
     def two_hop(self) -> bool:
         return self.rows >= TWO_HOP_ROWS
 
@@ -479,11 +474,6 @@ class K2Layout(sched.ScheduledLayout):
         return self._i32("end")
 
     # -- byte scratch ------------------------------------------------------------------
-    @property
-    def operand_rows(self) -> int:
-        """Token rows a GEMV's B operand reads: whole 16-token tiles (K1Layout.operand_rows)."""
-        return self.row_tiles * TILE_N
-
     @property
     def xo_codes(self) -> int:
         return self._byte("xo_codes")
