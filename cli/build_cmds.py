@@ -114,7 +114,9 @@ def verify(rebuild, jobs, timeout, cache_dir, as_json):
     """Check every entry (size, sha256, ELF header, key); with --rebuild also recompile and compare.
 
     Exits 1 if any entry is bad or a rebuild differs. Bad entries in the writable layer are
-    reported here and quarantined at their next load.
+    reported here and quarantined at their next load. A rebuild can differ with both code objects
+    sound: FlyDSL 0.5.0's LLVM emits k2 at max_tokens 64 (ratio 128) in two variants, one
+    commutative operand order apart, depending on the compiling process's memory layout.
     """
     with Reporter("verify --rebuild", transient=as_json) as progress:
         report = api.verify(rebuild=rebuild, jobs=jobs, timeout=timeout, settings=settings_for(cache_dir),

@@ -11,7 +11,7 @@ from mono_jit.errors import SpecError
 from mono_jit.spec import RATIOS, STANDARD_MAX_TOKENS, deployment_grid
 
 from .context import cache_dir_option, settings_for
-from .options import comma_ints, emit_json, guarded, json_option, note, plain, print_checks, say, template_option
+from .options import comma_ints, emit_json, guarded, json_option, note, plain, report_checks, say, template_option
 
 
 @click.command()
@@ -56,12 +56,7 @@ def selftest(cache_dir, device, no_launch, emulate, templates, tp, ratio, max_to
         note("no GPU here (no HIP runtime): the device, the kernel loads and the launch checks were not run; "
              "mono-jit selftest --emulate runs the same launch checks on an emulated gfx950"
              + (f" (it needs the emulate extra: {' and '.join(missing)} not installed)" if missing else ""))
-    if as_json:
-        emit_json("selftest", checks.as_dict())
-    else:
-        print_checks(checks.rows)
-    if not checks.ok:
-        raise SystemExit(1)
+    report_checks("selftest", checks, as_json)
 
 
 def _emulated(templates: tuple[str, ...] | None, specs: list, settings: Settings, as_json: bool) -> None:

@@ -9,7 +9,7 @@ from mono_jit import api
 from mono_jit.config import Settings
 
 from .context import cache_dir_option, settings_for
-from .options import emit_json, guarded, human_bytes, json_option, plain, print_checks, say
+from .options import emit_json, guarded, human_bytes, json_option, plain, report_checks, say
 
 
 @click.command()
@@ -21,12 +21,7 @@ def doctor(deep, cache_dir, as_json):
     """Check the toolchain (FlyDSL, ld.lld, device bitcode), the cache roots and their entries.
     On a host without FlyDSL the toolchain check says it serves hits only. Exits 1 if a check fails."""
     checks = api.doctor(deep=deep, settings=settings_for(cache_dir))
-    if as_json:
-        emit_json("doctor", checks.as_dict())
-    else:
-        print_checks(checks.rows)
-    if not checks.ok:
-        raise SystemExit(1)
+    report_checks("doctor", checks, as_json)
 
 
 @click.command()

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import click
 
+from mono_jit.api import Checks
 from mono_jit.errors import MonoJitError
 
 SCHEMA_VERSION = 1
@@ -177,9 +178,16 @@ def human_bytes(size: int) -> str:
     return f"{size} B"
 
 
-def print_checks(rows: list[dict]) -> None:
-    for row in rows:
-        click.echo(f"{'ok ' if row['ok'] else 'BAD'} {row['check']}: {plain(row['detail'])}")
+def report_checks(schema: str, checks: Checks, as_json: bool) -> None:
+    """A check report (`doctor`, `selftest`): one JSON object, or a line a check; exit 1 unless
+    every check passed."""
+    if as_json:
+        emit_json(schema, checks.as_dict())
+    else:
+        for row in checks.rows:
+            click.echo(f"{'ok ' if row['ok'] else 'BAD'} {row['check']}: {plain(row['detail'])}")
+    if not checks.ok:
+        raise SystemExit(1)
 
 
 # -- errors ------------------------------------------------------------------------------------
