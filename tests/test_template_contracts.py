@@ -111,15 +111,15 @@ def test_a_launcher_takes_its_kernels_parameters_then_the_stream():
 
     import torch
 
-    from mono_jit.templates import Argument, checks
-    from mono_jit.templates.launch import kernel_build
+    from mono_jit.templates import Argument, Build, LaunchShape, checks
+    from mono_jit.templates.launch import launcher, placeholders
 
     def toy_kernel(Values: fx.Tensor, Out: fx.Tensor, m: fx.Int32, base: fx.Int64):
         pass
 
     declared = (Argument.tensor("values", "bfloat16", ""), Argument.tensor("out", "int32", ""),
                 Argument.i32("m", ""), Argument.i64("base", ""))
-    build = kernel_build(toy_kernel, declared, grid=(2, 1, 1), block=(64, 1, 1))
+    build = Build(launcher(toy_kernel, LaunchShape((2, 1, 1), (64, 1, 1))), placeholders(declared))
     assert checks.launcher_parameters(build.launcher) == [("Values", "tensor"), ("Out", "tensor"), ("m", "i32"),
                                                           ("base", "i64")]
     assert list(inspect.signature(build.launcher.func).parameters)[-1] == "stream"

@@ -1,7 +1,8 @@
-"""A built-in template's Build made from its kernel and its arguments(): the kernel's signature is
-the only place its parameters are written, the launcher takes them from it (then a stream), and
-the compile placeholders come from arguments(). `checks.match_build` holds the kernel's
-parameters to arguments() by name and kind.
+"""A built-in template's Build made from its kernel function and its own declarations: the kernel's
+signature is the only place its parameters are written (the launcher takes them from it, then a
+stream), the launch shape is the template's `launch_shape(spec)` and the compile placeholders
+come from `arguments(spec)`. `checks.match_build` holds the kernel's parameters to arguments() by
+name and kind.
 
 FlyDSL traces a launcher by calling it with its parameters by keyword (`JitFunction._trace`) and
 reads them from `inspect.signature`, which honours `__signature__`; its AST rewrite keeps the
@@ -17,22 +18,20 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 import torch
 
-from .base import Argument, Build
-from .geometry import CTAS, THREADS
-
-Dims = tuple[int, int, int]
+from ..spec import Spec
+from .base import Argument, Build, LaunchShape, Template
 
 
-def launcher(kernel_function: Callable, *, grid: Dims, block: Dims, lds: int | None = None) -> Any:
+def launcher(kernel_function: Callable, shape: LaunchShape) -> Any:
     """`kernel_function` as a FlyDSL kernel and its @flyc.jit launcher: the kernel's parameters,
-    then `stream`, launched on `grid` x `block` with `lds` bytes of dynamic LDS."""
+    then `stream`, launched as `shape` says (grid, block, dynamic LDS bytes)."""
     kernel_parameters = inspect.signature(kernel_function, eval_str=True).parameters.values()
     stream_parameter = inspect.Parameter("stream", inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                          default=fx.Stream(None), annotation=fx.Stream)
     kernel = flyc.kernel(kernel_function)
 
-    def launch(stream: fx.Stream = fx.Stream(None), **arguments):
-        kernel(**arguments).launch(grid=grid, block=block, smem=lds, stream=stream)
+    def launch(stream: fx.Stream, **arguments):
+        kernel(**arguments).launch(grid=shape.grid, block=shape.block, smem=shape.dynamic_lds, stream=stream)
 
     launch.__signature__ = inspect.Signature([*kernel_parameters, stream_parameter])  # type: ignore[attr-defined]
     return flyc.jit(launch)
@@ -44,13 +43,6 @@ def placeholders(arguments: tuple[Argument, ...]) -> tuple:
     return tuple(torch.empty(1, dtype=getattr(torch, a.dtype)) if a.kind == "tensor" else 1 for a in arguments)
 
 
-def kernel_build(kernel_function: Callable, arguments: tuple[Argument, ...], *, grid: Dims, block: Dims,
-                 lds: int | None = None) -> Build:
-    """The Build of a template whose launcher runs `kernel_function` once (every built-in)."""
-    return Build(launcher(kernel_function, grid=grid, block=block, lds=lds), placeholders(arguments))
-
-
-def persistent_build(kernel_function: Callable, arguments: tuple[Argument, ...], lds: int) -> Build:
-    """The Build of a persistent kernel (K1, K2): one CTA of THREADS threads on each of the CTAS
-    CUs, with `lds` bytes of LDS pinned."""
-    return kernel_build(kernel_function, arguments, grid=(CTAS, 1, 1), block=(THREADS, 1, 1), lds=lds)
+def template_build(template: Template, spec: Spec, kernel_function: Callable) -> Build:
+    """The Build of `template` at `spec` whose launcher runs `kernel_function` once (every built-in)."""
+    return Build(launcher(kernel_function, template.launch_shape(spec)), placeholders(template.arguments(spec)))

@@ -48,7 +48,7 @@ from .._numerics import VEC, bf16_round, bf16x8, e8m0, e8m0_inverse, amax8, fp8x
 from .._seam import fold_row, mix_weights, seam_row
 from ..sync_device import leave
 from ..base import Build
-from ..launch import persistent_build
+from ..launch import template_build
 from ..schedule import Stage
 from ..stage_loop import StageWork, enter, run_stage
 from .. import addressing, seam_layout
@@ -56,7 +56,7 @@ from . import K1Template, addressing as k1_addressing
 from ...deepseek_v4 import EPS, HEAD_DIM, KV_LORA, NOPE, Q_LORA
 from ..geometry import (CTAS, KV_SCALE_BLOCK, KV_SCALES, LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS,
                         PARTIALS, SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, TILE_N, WAVE, WAVES)
-from .layout import PIN_LDS_BYTES, QKV, SCHEDULE, K1Layout
+from .layout import QKV, SCHEDULE, K1Layout
 from .reference import KV_AMAX_FLOOR
 
 H = deepseek_v4.HIDDEN
@@ -267,4 +267,4 @@ def build(spec: Spec, stages: frozenset[int] = ALL_STAGES, schedule: tuple[Stage
     """K1 holding `stages`, run as `schedule` says (SCHEDULE; the tests pass a wrong one to see
     the kernel follow it)."""
     lay = replace(K1Layout.of(spec), schedule=schedule)
-    return persistent_build(make_kernel(lay, frozenset(stages)), K1Template().arguments(spec), PIN_LDS_BYTES)
+    return template_build(K1Template(), spec, make_kernel(lay, frozenset(stages)))

@@ -48,7 +48,7 @@ from .._gemv import Fp8Weight, Mxfp8Rows, gemv_reduce, gemv_steps
 from .._numerics import LOG2E, VEC, bf16_pair_f32, bf16_round, e8m0_scale, fp8x4_to_f32, load8_f32, mx_store, rope8
 from .._seam import fold_row, mix_weights, seam_row
 from ..base import Build
-from ..launch import persistent_build
+from ..launch import template_build
 from ..geometry import (CTAS, LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS, PAIR_BYTES, PARTIALS,
                         SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, THREADS, TILE_N, WAVE, WAVES)
 from ..keytable.kernel import key_table_row
@@ -59,8 +59,7 @@ from . import K2Template, addressing as attention_addressing
 from .moe_addressing import expert_scale_bytes, expert_weight_bytes, w13_tile
 from .moe_kernel import PickRows, act_row, fp4_steps, logits_task, reduce_to_picks, store_down, union_task
 from .allreduce import moe_push, reduce_row, stage_peer_addresses, wob_push
-from .layout import (HEAD_TILE, HEADS_PER_GROUP, LDS_MOE_WORDS, LDS_PEER_WORDS, LDS_Y_WORDS, PIN_LDS_BYTES,
-                     STATE_TABLE, WEIGHT_TABLE)
+from .layout import (HEAD_TILE, HEADS_PER_GROUP, LDS_MOE_WORDS, LDS_PEER_WORDS, LDS_Y_WORDS, STATE_TABLE, WEIGHT_TABLE)
 from .moe_layout import SCHEDULE, DOWN_TILES, EXPERTS, SHARED_K_PARTS, TOPK, K2MoeLayout
 from .reference import SCALE
 
@@ -639,4 +638,4 @@ def build(spec: Spec, stages: frozenset[int] = ALL_STAGES, schedule: tuple[stage
     """K2 holding `stages`, run as `schedule` says (SCHEDULE; the tests pass a wrong one to see
     the kernel follow it)."""
     lay = replace(K2MoeLayout.of(spec), schedule=schedule)
-    return persistent_build(make_kernel(lay, frozenset(stages)), K2Template().arguments(spec), PIN_LDS_BYTES)
+    return template_build(K2Template(), spec, make_kernel(lay, frozenset(stages)))

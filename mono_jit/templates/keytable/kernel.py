@@ -17,7 +17,7 @@ from ..geometry import WAVE
 from . import KeyTableTemplate
 from .._dsl import dsl, flat_view, inclusive_count, last_lane, load_scalar, store_scalar
 from ..base import Build
-from ..launch import kernel_build
+from ..launch import template_build
 
 SWA = deepseek_v4.SWA_WINDOW
 
@@ -63,7 +63,6 @@ def key_table_row(SwaIdx, SwaLens, TokReq, TopK, BlockTable, out_view, row, out_
 
 
 def build(spec: Spec) -> Build:
-    """One wave per row of the bucket."""
     width = spec.topk_width
     csa = spec.ratio == deepseek_v4.CSA_RATIO
     row_width = width + SWA
@@ -79,5 +78,4 @@ def build(spec: Spec) -> Build:
             if lane == 0:
                 store_scalar(flat_view(Lens), row, count, fx.Int32)
 
-    return kernel_build(keytable_kernel, KeyTableTemplate().arguments(spec), grid=(spec.max_tokens, 1, 1),
-                        block=(WAVE, 1, 1))
+    return template_build(KeyTableTemplate(), spec, keytable_kernel)

@@ -23,7 +23,7 @@ from ...spec import Spec
 from ..geometry import WAVE
 from .._dsl import better, flat_view, load, load_scalar, store_scalar, wave_argmax, wave_sum
 from ..base import Build
-from ..launch import kernel_build
+from ..launch import template_build
 from . import BLOCK, RouterTemplate
 
 E = deepseek_v4.ROUTED_EXPERTS
@@ -123,6 +123,4 @@ def select_top6(logit_of, bias_view, hash_view, row, lane, use_hash):
 
 
 def build(spec: Spec) -> Build:
-    """One CTA of BLOCK threads per row of the bucket."""
-    return kernel_build(router_kernel, RouterTemplate().arguments(spec), grid=(spec.max_tokens, 1, 1),
-                        block=(BLOCK, 1, 1))
+    return template_build(RouterTemplate(), spec, router_kernel)

@@ -7,26 +7,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from mono_jit.templates.base import Argument, Build
+from mono_jit.templates.base import Argument, Build, LaunchShape
 from mono_jit.templates.geometry import WAVE
 
 
 @dataclass(frozen=True)
 class MicroKernel:
     """One kernel function taking `arguments` in order (1-D tensors, the templates' kernarg ABI: a
-    pointer and an i32 extent each), launched on `grid` x `block`."""
+    pointer and an i32 extent each), launched as `shape` says (by default one wave)."""
 
     name: str
     arguments: tuple[Argument, ...]
     kernel: Callable
-    grid: tuple[int, int, int] = (1, 1, 1)
-    block: tuple[int, int, int] = (WAVE, 1, 1)
+    shape: LaunchShape = LaunchShape((1, 1, 1), (WAVE, 1, 1))
 
     def build(self) -> Build:
         """Its launcher and placeholders, made as the templates' are (templates/launch.py)."""
-        from mono_jit.templates.launch import kernel_build
+        from mono_jit.templates.launch import launcher, placeholders
 
-        return kernel_build(self.kernel, self.arguments, grid=self.grid, block=self.block)
+        return Build(launcher(self.kernel, self.shape), placeholders(self.arguments))
 
 
 def tensors(*specs: str) -> tuple[Argument, ...]:

@@ -11,6 +11,7 @@ from flydsl._mlir import ir
 from flydsl._mlir.dialects import llvm
 from flydsl.expr import range_constexpr
 
+from mono_jit.templates.base import LaunchShape
 from mono_jit.templates.geometry import WAVE
 from mono_jit.templates._dsl import (flat_view, inclusive_count, last_lane, load, load_scalar, store, store_scalar,
                                      wave_argmax, wave_sum)
@@ -79,7 +80,7 @@ def i64_greater_kernel(A: fx.Tensor, B: fx.Tensor, Out: fx.Tensor):
 
 KERNELS = (
     MicroKernel("vector_add", tensors("a:float32", "b:float32", "c:float32"), vector_add_kernel,
-                grid=(ADD_GRID, 1, 1), block=(ADD_BLOCK, 1, 1)),
+                LaunchShape((ADD_GRID, 1, 1), (ADD_BLOCK, 1, 1))),
     MicroKernel("cross_lane", tensors("x:int32", "flags:int32", "values:float32", "out:int32"), cross_lane_kernel),
     MicroKernel("quad_swizzle", tensors("x:int32", "out:int32"), quad_swizzle_kernel),
     MicroKernel("i64_greater", tensors("a:int64", "b:int64", "out:int32"), i64_greater_kernel),

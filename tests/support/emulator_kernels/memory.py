@@ -9,6 +9,8 @@ tensor through a plain global pointer (a stride bug the emulator must catch).
 import flydsl.expr as fx
 
 from mono_jit.templates._dsl import flat_view, load, load_global, load_scalar, store, store_scalar
+from mono_jit.templates.base import LaunchShape
+from mono_jit.templates.geometry import WAVE
 from mono_jit.templates.sync_device import publish, step_tag, wait
 from mono_jit.templates.sync_words import FIRST_FLAG
 
@@ -51,7 +53,8 @@ KERNELS = (
     MicroKernel("buffer_bounds", tensors("x:float32", "scalars:float32", "chunks:float32", "small:int32"),
                 buffer_bounds_kernel),
     MicroKernel("atomics", tensors("counters:int32", "old:int32"), atomics_kernel,
-                grid=(ATOMIC_GRID, 1, 1), block=(ATOMIC_BLOCK, 1, 1)),
-    MicroKernel("flag", tensors("sync:int32", "data:int32", "out:int32"), flag_kernel, grid=(2, 1, 1)),
+                LaunchShape((ATOMIC_GRID, 1, 1), (ATOMIC_BLOCK, 1, 1))),
+    MicroKernel("flag", tensors("sync:int32", "data:int32", "out:int32"), flag_kernel,
+                LaunchShape((2, 1, 1), (WAVE, 1, 1))),
     MicroKernel("misaddressed", tensors("x:float32", "out:float32"), misaddressed_kernel),
 )
