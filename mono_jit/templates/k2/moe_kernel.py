@@ -26,18 +26,18 @@ import flydsl.expr as fx
 from flydsl.expr import gpu, range_constexpr
 from flydsl.expr.typing import ReductionOp
 
-from ... import deepseek_v4 as model  # the MoE stage code keeps its local name until its rewrite lands
+from ... import deepseek_v4
 from .._dsl import dsl, load, load_code, load_scalar, store_scalar, wave_sum
 from .._gemv import FP4, mfma
 from .._numerics import VEC, bf16_round, load8_f32, mx_store, sigmoid
-from .. import addressing as ad
+from .. import addressing
 from ..geometry import THREADS, TILE_N, WAVE, WAVES
-from . import moe_addressing as ma
+from . import moe_addressing
 from .moe_reference import SWIGLU_LIMIT
 
-H = model.HIDDEN
-E = model.ROUTED_EXPERTS
-TOPK = model.EXPERTS_PER_TOKEN
+H = deepseek_v4.HIDDEN
+E = deepseek_v4.ROUTED_EXPERTS
+TOPK = deepseek_v4.EXPERTS_PER_TOKEN
 ROW_CHUNKS = H // (VEC * WAVE)  # 14 eight-wide chunks a lane covers a row
 
 
@@ -152,9 +152,9 @@ def fp4_operand(view16, offset):
 def fp4_loads(w16, s8, expert, tile, w_rows: int, k: int, acts, rows, step, lane):
     """Every operand of one K step of expert `expert`'s fp4 tile `tile`: (A, A's scale code,
     [(B, B's scale code) of each row tile's operand row in `rows`])."""
-    pieces, block = ad.operand_pieces(step, lane), ad.operand_block(step, lane)
-    a = fp4_operand(w16, ma.weight_offset(expert, tile, step, lane, w_rows, k))
-    scale_a = load_code(s8, ma.scale_offset(expert, tile, step, lane, w_rows, k))
+    pieces, block = addressing.operand_pieces(step, lane), addressing.operand_block(step, lane)
+    a = fp4_operand(w16, moe_addressing.weight_offset(expert, tile, step, lane, w_rows, k))
+    scale_a = load_code(s8, moe_addressing.scale_offset(expert, tile, step, lane, w_rows, k))
     return a, scale_a, [(acts.operand(row, pieces), acts.scale(row, block)) for row in rows]
 
 
@@ -167,7 +167,7 @@ def fp4_steps(w16, s8, expert, tile, w_rows: int, k: int, acts, steps, lane, row
     accs = [fx.Vector.filled(4, 0.0, fx.Float32) for _ in range_constexpr(row_tiles)]
     # each row tile's operand row, read once: a pick read among a step's loads would make the
     # next step's addresses wait for every load before it
-    rows = [acts.row(ad.operand_token(t, lane)) for t in range_constexpr(row_tiles)]
+    rows = [acts.row(addressing.operand_token(t, lane)) for t in range_constexpr(row_tiles)]
     steps = list(steps)
     ahead = fp4_loads(w16, s8, expert, tile, w_rows, k, acts, rows, steps[0][0], lane)
     for i, (_, keep) in enumerate(steps):
@@ -188,15 +188,15 @@ def reduce_to_picks(accs, lds_acc, i32, f32, pick_at, out_at, out_width: int, co
     row_tiles = len(accs)
     for t in range_constexpr(row_tiles):
         for e in range_constexpr(4):
-            fx.memref_store(accs[t][e], lds_acc, ad.lds_acc_slot(wave, t, lane, e, row_tiles))
+            fx.memref_store(accs[t][e], lds_acc, addressing.lds_acc_slot(wave, t, lane, e, row_tiles))
     gpu.barrier()
     for rep in range_constexpr((row_tiles * WAVE * 4 + THREADS - 1) // THREADS):
-        _, t, src_lane, e, real = ad.split_k_sum(tid + rep * THREADS, WAVES, row_tiles)
+        _, t, src_lane, e, real = addressing.split_k_sum(tid + rep * THREADS, WAVES, row_tiles)
         t = fx.min(t, row_tiles - 1)
         total = fx.Float32(0.0)
         for w in range_constexpr(WAVES):
-            total = total + fx.memref_load(lds_acc, ad.lds_acc_slot(w, t, src_lane, e, row_tiles))
-        row, column = ad.result_lane(src_lane, e)
+            total = total + fx.memref_load(lds_acc, addressing.lds_acc_slot(w, t, src_lane, e, row_tiles))
+        row, column = addressing.result_lane(src_lane, e)
         token = t * TILE_N + column
         if real & (token < m):
             pick = load_scalar(i32, pick_at + fx.min(token, rows - 1), fx.Int32)
@@ -221,24 +221,24 @@ class PickRows:
         return fx.max(self.pick(token), 0)
 
     def operand(self, row, pieces):
-        first = load(self.u8x16, ad.mx_code_offset(self.codes, row, pieces[0], self.k) // 16, fx.Uint8, 16)
-        second = load(self.u8x16, ad.mx_code_offset(self.codes, row, pieces[1], self.k) // 16, fx.Uint8, 16)
+        first = load(self.u8x16, addressing.mx_code_offset(self.codes, row, pieces[0], self.k) // 16, fx.Uint8, 16)
+        second = load(self.u8x16, addressing.mx_code_offset(self.codes, row, pieces[1], self.k) // 16, fx.Uint8, 16)
         return first.bitcast(fx.Int32).shuffle(second.bitcast(fx.Int32), list(range(8)))
 
     def scale(self, row, block):
-        return load_code(self.u8, ad.mx_scale_offset(self.scales, row, block, self.k))
+        return load_code(self.u8, addressing.mx_scale_offset(self.scales, row, block, self.k))
 
 
 @dsl
 def store_down(accs, acts, f32, weights_at, y_at, tile, m, lane):
     """S17, one wave: its tile's results times each pick's routing weight, to the pick's y row."""
     for t in range_constexpr(len(accs)):
-        token = ad.operand_token(t, lane)
+        token = addressing.operand_token(t, lane)
         pick = acts.pick(token)
         if (token < m) & (pick >= 0):
             weight = load_scalar(f32, weights_at + pick, fx.Float32)
             for e in range_constexpr(4):
-                row, _ = ad.result_lane(lane, e)
+                row, _ = addressing.result_lane(lane, e)
                 store_scalar(f32, y_at + pick * H + tile * TILE_N + row, accs[t][e] * weight, fx.Float32)
 
 
