@@ -16,11 +16,16 @@ import torch
 
 RUNNER = "vllm.models.deepseek_v4.amd.mono.runner"
 VLLM_VERSION = "0.33.0"
-VLLM_MISSING = (
-    None
-    if importlib.util.find_spec("vllm") is not None
-    else f"vLLM {VLLM_VERSION} is not installed: bash scripts/setup.sh --with-vllm"
-)
+
+
+def _vllm_installed() -> bool:
+    """Whether an installed vLLM can be imported: a package with an ``__init__.py``. pytest puts
+    tests/ on the path, where this folder itself would pass as a namespace package named vllm."""
+    spec = importlib.util.find_spec("vllm")
+    return spec is not None and spec.origin is not None
+
+
+VLLM_MISSING = None if _vllm_installed() else f"vLLM {VLLM_VERSION} is not installed: bash scripts/setup.sh --with-vllm"
 
 # The tiny model: V4-Pro's routing and layer kinds, small widths.
 HIDDEN = 1280
