@@ -12,12 +12,12 @@ from mono_jit.errors import SpecError
 from mono_jit.spec import RATIOS, STANDARD_MAX_TOKENS, SUPPORTED_ARCHS
 
 from .context import cache_dir_option, settings_for
-from .options import comma_ints, emit_json, guarded, json_option, say, template_option, verbosity
+from .options import Seconds, comma_ints, emit_json, guarded, json_option, say, template_option, verbosity
 from .progress import Reporter
 
 jobs_option = click.option("--jobs", "-j", type=click.IntRange(min=1), default=api.default_jobs,
                            show_default="CPUs, at most 8", help="Compile worker processes.")
-timeout_option = click.option("--timeout", type=click.FloatRange(min=1), default=600.0, show_default=True,
+timeout_option = click.option("--timeout", type=Seconds(lowest=1), default=600.0, show_default=True,
                               help="Seconds one compile may take before its worker is killed.")
 
 

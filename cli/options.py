@@ -18,6 +18,7 @@ from typing import Any, Callable
 import click
 
 from mono_jit.api import Checks
+from mono_jit.config import bounded_seconds
 from mono_jit.errors import MonoJitError
 
 SCHEMA_VERSION = 1
@@ -86,6 +87,26 @@ def comma_ints(option: str) -> Callable[[click.Context, click.Parameter, str | N
         return items
 
     return parse
+
+
+class Seconds(click.ParamType):
+    """A number of seconds, finite, at least `lowest` and at most a day (config.bounded_seconds):
+    NaN and inf are refused as any other bad value is."""
+
+    name = "seconds"
+
+    def __init__(self, lowest: float) -> None:
+        self.lowest = lowest
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, float):
+            return value  # the default
+        try:
+            return bounded_seconds(float(value), self.lowest, given=repr(value))
+        except ValueError as exc:
+            if "seconds" not in str(exc):  # not a number at all
+                exc = ValueError(f"expected a number of seconds, got {value!r}")
+            self.fail(str(exc), param, ctx)
 
 
 def comma_words(value: str | None, option: str) -> tuple[str, ...] | None:

@@ -98,6 +98,7 @@ def prebuild(templates: Iterable[str | Template] | None = None, *, tp: int = 8,
     can read (cache/layer.py)."""
     from .prebuild import prebuild as run
 
+    _check_timeout(timeout)
     settings, progress = _settings(settings), progress or Silent()
     specs = deployment_grid(tp, max_model_len, max_tokens, ratios, arch)
     chosen = _deployment_templates(templates, settings)
@@ -122,6 +123,17 @@ def prebuild(templates: Iterable[str | Template] | None = None, *, tp: int = 8,
         report.image_layer = str(image_layer)
         report.image_layer_added = publish_image_layer(list({e.key: e for e in entries if e}.values()), image_layer)
     return report
+
+
+def _check_timeout(timeout: float) -> None:
+    """MonoJitError naming `timeout` unless it is a bounded finite number of seconds (a NaN or inf
+    would switch the compile timeout off or overflow the worker pool's wait)."""
+    from .config import bounded_seconds
+
+    try:
+        bounded_seconds(float(timeout))
+    except ValueError as exc:
+        raise MonoJitError(f"timeout={timeout!r}: {exc}") from None
 
 
 def _deployment_templates(templates: Iterable[str | Template] | None, settings: Settings) -> list[Template]:
@@ -150,6 +162,7 @@ def verify(*, rebuild: bool = False, jobs: int | None = None, timeout: float = 6
     and require identical bytes (needs FlyDSL: ToolchainError on a lean host)."""
     from .verify import verify as run
 
+    _check_timeout(timeout)
     settings = _settings(settings)
     if rebuild and cannot_compile_here() is not None:
         raise ToolchainError(f"verify with rebuild recompiles every entry: {cannot_compile_here()}")

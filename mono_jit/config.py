@@ -6,6 +6,7 @@ so `mono-jit config` can show exactly what is in force and where it came from.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
@@ -62,11 +63,27 @@ def _words(text: str) -> tuple[str, ...]:
     return words
 
 
-def _seconds(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise ValueError(f"expected a positive number of seconds, got {text!r}")
+SECONDS_MAX = 86400.0  # one day: the longest wait any setting or option takes; none means "no limit"
+
+
+def bounded_seconds(value: float, lowest: float = 0.0, given: str | None = None) -> float:
+    """`value` if it is a finite number of seconds above 0, at least `lowest` and at most
+    SECONDS_MAX; otherwise ValueError saying what was expected and what was `given` (default: the
+    value). NaN fails every comparison, so each bound is checked as what must hold."""
+    got = given if given is not None else repr(value)
+    if not math.isfinite(value):
+        raise ValueError(f"expected a finite number of seconds (at most {SECONDS_MAX:.0f}; no setting means "
+                         f"'no limit'), got {got}")
+    if not (value > 0 and value >= lowest):
+        raise ValueError(f"expected a positive number of seconds{f' (at least {lowest:g})' if lowest else ''}, "
+                         f"got {got}")
+    if not value <= SECONDS_MAX:
+        raise ValueError(f"expected at most {SECONDS_MAX:.0f} seconds (one day), got {got}")
     return value
+
+
+def _seconds(text: str) -> float:
+    return bounded_seconds(float(text), given=repr(text))
 
 
 PEER_WAIT_MAX = (2**31 - 1) / 1e6  # seconds: K2 takes the limit as i32 microseconds
