@@ -12,7 +12,7 @@ from mono_jit.errors import SpecError
 from mono_jit.spec import RATIOS, STANDARD_MAX_TOKENS, SUPPORTED_ARCHS
 
 from .context import cache_dir_option, settings_for
-from .options import Seconds, comma_ints, emit_json, guarded, json_option, say, template_option, verbosity
+from .options import Seconds, comma_ints, emit_json, guarded, json_option, note, say, template_option, verbosity
 from .progress import Reporter
 
 jobs_option = click.option("--jobs", "-j", type=click.IntRange(min=1), default=api.default_jobs,
@@ -66,6 +66,9 @@ def prebuild(ctx, tp, max_model_len, max_tokens, ratio, templates, arch, jobs, t
                                   **grid)
     except SpecError as exc:
         raise click.UsageError(str(exc))
+    if settings.offline and report.compiled:
+        note(f"MONO_JIT_OFFLINE=1 keeps lookups (resolve, serving) from compiling, not prebuild: {report.compiled} "
+             f"build{'s' if report.compiled != 1 else ''} compiled here")
     if as_json:
         emit_json("prebuild", report.as_dict())
     else:
