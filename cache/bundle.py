@@ -157,7 +157,8 @@ def _decompressed(raw: BinaryIO) -> tuple[BinaryIO, _HashingReader]:
 def _read_manifest(tar: tarfile.TarFile, member: tarfile.TarInfo | None) -> dict[str, dict]:
     """The manifest's file table, checked whole before any member is read."""
     if member is None or member.name != MANIFEST or not member.isfile():
-        raise BundleError(f"the bundle does not start with {MANIFEST} (not a mono-jit bundle)")
+        raise BundleError(f"the bundle does not start with {MANIFEST} (not a mono-jit bundle; a repacked one, "
+                          "e.g. `tar -C dir .`, is not one either): make one with `mono-jit export B.tar.gz`")
     if member.size > MAX_MANIFEST_BYTES:
         raise BundleError(f"{MANIFEST} is {member.size} bytes (limit {MAX_MANIFEST_BYTES})")
     handle = tar.extractfile(member)
@@ -306,7 +307,8 @@ def _check_sha256(hashed: _HashingReader, expected: str | None) -> None:
 
 def import_bundle(store: Store, bundle: Path, expected_sha256: str | None = None) -> dict:
     """Check the whole bundle (its sha256 if given, manifest, members, every entry), then publish
-    every entry; {'imported', 'present'} counts."""
+    every entry; {'imported', 'present'} counts and 'differing' ("arch/key" of each present entry whose bytes
+    the bundle does not share)."""
     staging = _staging_folder(store)
     try:
         with _open_regular(bundle) as raw:
@@ -317,7 +319,7 @@ def import_bundle(store: Store, bundle: Path, expected_sha256: str | None = None
                 _check_sha256(_HashingReader(raw), expected_sha256)  # a wrong bundle says so first
                 raise
             _check_sha256(hashed, expected_sha256)
-        return _publish(store, staging, _staged_entries(files))
+        return _publish(store, staging, files)
     finally:
         remove(staging)
 
@@ -344,12 +346,18 @@ def _staging_folder(store: Store) -> Path:
     return staging
 
 
-def _publish(store: Store, staging: Path, entries: list[tuple[str, str]]) -> dict:
-    """Publish verified staged entries through the store (which reads each back as a load)."""
+def _publish(store: Store, staging: Path, files: dict[str, dict]) -> dict:
+    """Publish the verified staged entries of the manifest's `files` through the store (which reads
+    each back as a load). An entry already present is kept; 'differing' lists ("arch/key") those
+    whose code-object bytes are not the bundle's (two build machines disagree)."""
     imported = present = 0
-    for arch, key in entries:
-        if store.lookup(key, arch) is not None:
+    differing: list[str] = []
+    for arch, key in _staged_entries(files):
+        here = store.lookup(key, arch)
+        if here is not None:
             present += 1
+            if files[f"entries/{arch}/{key}/{HSACO_NAME}"]["sha256"] != here.meta.hsaco.sha256:
+                differing.append(f"{arch}/{key}")
             continue
         hsaco, meta_json = _load_staged(staging, arch, key)
         try:
@@ -358,6 +366,6 @@ def _publish(store: Store, staging: Path, entries: list[tuple[str, str]]) -> dic
             doing = f"cannot publish {arch}/{key[:16]} ({imported} entries imported before it, each whole)"
             raise BundleError(disk_problem(exc, doing, store.writable.root)) from None
         imported += 1
-    return {"imported": imported, "present": present}
+    return {"imported": imported, "present": present, "differing": differing}
 
 
