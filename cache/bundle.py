@@ -78,6 +78,9 @@ def export_bundle(out: Path, entries: list[Entry]) -> Exported:
     try:
         digest = write_file(tmp, payload, compress=out.name.endswith((".gz", ".tgz")), first=MANIFEST)
         tmp.replace(out)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise BundleError(disk_problem(exc, "cannot write the bundle", out, "write the bundle to another disk")) from None
     except BaseException:  # a failed or interrupted export leaves no partial bundle behind
         tmp.unlink(missing_ok=True)
         raise

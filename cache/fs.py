@@ -102,9 +102,10 @@ def write_new_stream(path: Path, chunks: Iterable[bytes], mode: int = 0o600) -> 
     return written
 
 
+CACHE_ELSEWHERE = "point MONO_JIT_CACHE_DIR at another disk"
 _DISK_ADVICE = {
-    errno.ENOSPC: "the disk is full: free space there, or point MONO_JIT_CACHE_DIR at another disk",
-    errno.EDQUOT: "the disk quota is used up: free space there, or point MONO_JIT_CACHE_DIR at another disk",
+    errno.ENOSPC: "the disk is full: free space there, or {elsewhere}",
+    errno.EDQUOT: "the disk quota is used up: free space there, or {elsewhere}",
     errno.EROFS: ("the file system is read-only: point MONO_JIT_CACHE_DIR at a writable folder "
                   "(a read-only copy is served through MONO_JIT_CACHE_PATH)"),
     errno.ENOTDIR: "a part of that path is a file, not a folder: move it away",
@@ -115,15 +116,16 @@ _DISK_ADVICE = {
 FULL_DISK = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})  # every further write fails too
 
 
-def disk_problem(exc: OSError, doing: str, where: Path) -> str:
+def disk_problem(exc: OSError, doing: str, where: Path, elsewhere: str = CACHE_ELSEWHERE) -> str:
     """One line for a failed cache write: what was being done, on which path (`where`, the folder
     written to, when the error names none: a failed write or fsync does not), the system's error
-    and what to do about it (never a traceback)."""
+    and what to do about it (never a traceback); `elsewhere`: where else to write, when the disk
+    is full (default: another cache folder)."""
     path = exc.filename if exc.filename is not None else where
     if exc.filename2 is not None:  # a rename: both ends
         path = f"{path} -> {exc.filename2}"
     reason = exc.strerror or str(exc) or type(exc).__name__
-    advice = _DISK_ADVICE.get(exc.errno or 0, "check that path and the disk")
+    advice = _DISK_ADVICE.get(exc.errno or 0, "check that path and the disk").format(elsewhere=elsewhere)
     return f"{doing}: {path}: {reason}; {advice}"
 
 

@@ -93,12 +93,13 @@ def _unique() -> str:
 
 
 def _write_atomically(folder: Path, name: str, payload: dict, *, durable: bool) -> None:
+    """`payload` as the file `name` in `folder`, by a rename; a failed write leaves no temporary file."""
     tmp = folder / f"{TMP_PREFIX}{_unique()}"
-    write_new(tmp, (json.dumps(payload, sort_keys=True) + "\n").encode(), _FILE_MODE, durable=durable)
     try:
+        write_new(tmp, (json.dumps(payload, sort_keys=True) + "\n").encode(), _FILE_MODE, durable=durable)
         os.replace(tmp, folder / name)
     except OSError:
-        os.unlink(tmp)
+        _unlink(tmp)
         raise
 
 
@@ -182,11 +183,33 @@ def merge(base: Path, *, zero: bool = False) -> Totals:
     """Fold every delta, this process's pending counts first, into total.json (with `zero`,
     drop them and the total) and return the totals; nothing is written when there is no stats
     folder and nothing to zero. The total is fsynced (once per merge, off every lookup's path):
-    it stands for the deltas the merge deletes."""
+    it stands for the deltas the merge deletes. On a full or read-only disk the totals are merged
+    in memory and nothing is written (logged at INFO: `-v`), so a read-only command still works;
+    a zeroing then fails with a MonoJitError naming the folder and the fix."""
     flush()
     folder = _folder(base)
     if not folder.is_dir() and not zero:
         return Totals(Counters())
+    try:
+        return _merge_into_total(folder, zero)
+    except OSError as exc:
+        from mono_jit.errors import MonoJitError
+
+        from .fs import FULL_DISK, disk_problem
+
+        if zero:
+            raise MonoJitError(disk_problem(exc, "cannot zero the counters", folder)) from None
+        if exc.errno not in FULL_DISK:
+            raise
+        import logging
+
+        logging.getLogger(__name__).info("counters merged in memory, not written: %s",
+                                         disk_problem(exc, "cannot write them", folder))
+        return read(base)
+
+
+def _merge_into_total(folder: Path, zero: bool) -> Totals:
+    """merge's work under the folder's flock: total.json rewritten, absorbed deltas deleted."""
     import fcntl  # only a merge locks
 
     make_dirs(folder)
