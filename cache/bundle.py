@@ -310,8 +310,8 @@ def _check_sha256(hashed: _HashingReader, expected: str | None) -> None:
 
 def import_bundle(store: Store, bundle: Path, expected_sha256: str | None = None) -> dict:
     """Check the whole bundle (its sha256 if given, manifest, members, every entry), then publish
-    every entry; {'imported', 'present'} counts and 'differing' ("arch/key" of each present entry whose bytes
-    the bundle does not share)."""
+    every entry; {'imported', 'present'} counts, and 'differing' (the "arch/key" of each present
+    entry whose code object is not the bundle's) when there is one."""
     staging = _staging_folder(store)
     try:
         with _open_regular(bundle) as raw:
@@ -351,8 +351,8 @@ def _staging_folder(store: Store) -> Path:
 
 def _publish(store: Store, staging: Path, files: dict[str, dict]) -> dict:
     """Publish the verified staged entries of the manifest's `files` through the store (which reads
-    each back as a load). An entry already present is kept; 'differing' lists ("arch/key") those
-    whose code-object bytes are not the bundle's (two build machines disagree)."""
+    each back as a load). An entry already present is kept; 'differing', there only when one
+    does, lists ("arch/key") those whose code-object bytes are not the bundle's."""
     imported = present = 0
     differing: list[str] = []
     for arch, key in _staged_entries(files):
@@ -369,6 +369,7 @@ def _publish(store: Store, staging: Path, files: dict[str, dict]) -> dict:
             doing = f"cannot publish {arch}/{key[:16]} ({imported} entries imported before it, each whole)"
             raise BundleError(disk_problem(exc, doing, store.writable.root)) from None
         imported += 1
-    return {"imported": imported, "present": present, "differing": differing}
+    counts: dict = {"imported": imported, "present": present}
+    return {**counts, "differing": differing} if differing else counts
 
 

@@ -242,12 +242,12 @@ def import_cmd(bundle, expected_sha256, cache_dir, as_json):
     An entry already present is kept; one whose code-object bytes differ from the bundle's is
     named in a warning line (and in --json's 'differing' list, there only when one differs)."""
     counts = api.import_bundle(bundle, sha256=expected_sha256, settings=settings_for(cache_dir))
-    for name in counts["differing"]:
+    for name in counts.get("differing", []):
         click.echo(f"mono-jit: warning: {name}: the bundle's entry has this key but different code-object bytes "
                    "than the one present: kept the present one; the two build machines disagree (`mono-jit verify "
                    "--rebuild` on each says which one is not deterministic)", err=True)
-    if as_json:  # 'differing' only when some entry disagrees: the shape of a clean import stays as it was
-        emit_json("import", {name: value for name, value in counts.items() if name != "differing" or value})
+    if as_json:
+        emit_json("import", counts)
     else:
         click.echo(f"imported {counts['imported']} entries ({counts['present']} already present)")
 

@@ -260,8 +260,8 @@ def worker_env_removed() -> dict[str, str]:
 
 def import_bundle(bundle: Path, *, sha256: str | None = None, settings: Settings | None = None) -> dict:
     """Check a bundle whole (its sha256 when given, paths, sizes, checksums, every entry as a
-    load would), then publish its entries: {'imported', 'present', 'differing'} ('differing': the
-    "arch/key" of each present entry whose code-object bytes are not the bundle's; kept as it is)."""
+    load would), then publish its entries: {'imported', 'present'}, and 'differing' (the "arch/key"
+    of each present entry whose code object is not the bundle's; kept as it is) when one is."""
     from mono_jit.cache.bundle import import_bundle as run
 
     return run(Store(_settings(settings)), bundle, sha256)
