@@ -409,9 +409,27 @@ class Store:
         try:
             entry = read_entry(self.writable, final, arch)
         except CorruptEntry as exc:
-            raise CorruptEntry(f"the cache entry just published at {final} is bad: {exc}") from None
-        self._record_toolchain(arch, entry.meta.toolchain)
+            if os.path.lexists(final):
+                raise CorruptEntry(f"the cache entry just published at {final} is bad: {exc}") from None
+            # A gc evicted it (by one rename) before the read-back: the bytes written serve,
+            # verified as a load would; the next lookup misses and compiles again.
+            info(__name__, "%s was evicted right after it was published: serving the bytes written", final)
+            entry = Entry(self.writable, final, key, arch, verify_entry(key, arch, meta_json, hsaco), hsaco, meta_json)
+        self._record_toolchain_or_warn(final, arch, entry.meta.toolchain)
         return entry
+
+    def _record_toolchain_or_warn(self, final: Path, arch: str, fingerprint: dict) -> None:
+        """_record_toolchain after a publish: a failed record does not unpublish the entry at
+        `final`, so it is one warning saying which of the two is written."""
+        try:
+            self._record_toolchain(arch, fingerprint)
+        except OSError as exc:
+            from .fs import disk_problem
+
+            folder = self.writable.base / arch / TOOLCHAINS_DIR
+            _warn("%s is published, but the record of its toolchain is not (a host without a toolchain finds the "
+                  "entry by scanning; the next publish records it): %s", final,
+                  disk_problem(exc, "cannot write the toolchain record", folder))
 
     def _record_toolchain(self, arch: str, fingerprint: dict) -> None:
         """Remember which toolchain built entries here, so a process that cannot fingerprint a
@@ -422,8 +440,12 @@ class Store:
         if os.path.lexists(target):
             return
         tmp = folder / f".{target.name}.{os.getpid()}.{unique_suffix(6)}"
-        write_new(tmp, data, FILE_MODE)
-        os.replace(tmp, target)
+        try:
+            write_new(tmp, data, FILE_MODE)
+            os.replace(tmp, target)
+        except OSError:
+            Path(tmp).unlink(missing_ok=True)  # a failed write leaves no temporary record
+            raise
 
     def recorded_toolchains(self, arch: str) -> list[dict]:
         """Fingerprints that built entries for `arch`, in layer order (see _record_toolchain);
