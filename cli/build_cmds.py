@@ -35,7 +35,8 @@ timeout_option = click.option("--timeout", type=Seconds(lowest=1), default=600.0
 @timeout_option
 @click.option("--image-layer", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Also copy the built entries into this folder as a read-only cache layer any user can read "
-                   "(folders 0755, files 0444): serve it with MONO_JIT_CACHE_PATH.")
+                   "(folders 0755, files 0444): serve it with MONO_JIT_CACHE_PATH. A folder that exists must be "
+                   "your own, writable by nobody else and not sticky: its mode is left as it is.")
 @click.option("--check", is_flag=True,
               help="Build nothing: resolve every build of this grid offline from the cache layers, as a serving "
                    "process would (no FlyDSL needed), print each miss and why; exit 1 on any miss.")

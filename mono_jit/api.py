@@ -103,9 +103,9 @@ def prebuild(templates: Iterable[str | Template] | None = None, *, tp: int = 8,
     specs = deployment_grid(tp, max_model_len, max_tokens, ratios, arch)
     chosen = _deployment_templates(templates, settings)
     if image_layer is not None:  # before anything compiles: a compile of the whole grid is minutes
-        from mono_jit.cache.layer import check_layer_writable
+        from mono_jit.cache.layer import check_layer_destination
 
-        check_layer_writable(image_layer)
+        check_layer_destination(image_layer)
     summary, planned = run(chosen, specs, settings, jobs=jobs or default_jobs(), timeout=timeout,
                            progress=lambda event, job, detail: progress.finished(event, job.label, detail),
                            on_plan=progress.planned)
