@@ -58,3 +58,17 @@ def test_the_api_refuses_a_timeout_that_is_not_a_bounded_finite_number(bad, tmp_
     with pytest.raises(MonoJitError, match="timeout.*expected"):
         api.verify(rebuild=True, timeout=bad, settings=settings)
     assert not (tmp_path / "cache").exists()
+
+
+def test_the_vllm_plugin_stays_off_with_a_nan_peer_wait(monkeypatch, caplog):
+    """Before, NaN passed and every rank died at its first K2 launch inside vLLM's forward."""
+    import sys
+
+    from mono_jit.vllm import register
+    from mono_jit.vllm.finder import RunnerFinder
+
+    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not isinstance(f, RunnerFinder)])
+    monkeypatch.setenv("MONO_JIT_PEER_WAIT", "nan")
+    register()
+    assert not any(isinstance(f, RunnerFinder) for f in sys.meta_path)
+    assert "MONO_JIT_PEER_WAIT='nan'" in caplog.text
