@@ -91,8 +91,8 @@ PEER_WAIT_DEFAULT = 30.0  # seconds
 
 
 def _peer_wait(text: str) -> float:
-    value = _seconds(text)
-    if value < 1e-6 or value > PEER_WAIT_MAX:
+    value = float(text)
+    if not 1e-6 <= value <= PEER_WAIT_MAX:  # written as what must hold: NaN fails it
         raise ValueError(f"expected 0.000001 to {PEER_WAIT_MAX:.0f} seconds (K2 takes it as i32 microseconds), "
                          f"got {text!r}")
     return value
