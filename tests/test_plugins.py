@@ -144,6 +144,24 @@ def test_a_plugins_source_files_and_kernel_module_are_its_own(plugins):
     assert get("k1").kernel_module_name() == "mono_jit.templates.k1.kernel"
 
 
+def test_a_plugins_key_follows_its_imports_and_the_files_it_lists(plugins):
+    derived = plugins("plug_derived", files=None)
+    (derived / "tiles.py").write_text("ROWS = 4\n")
+    (derived / "kernel.py").write_text("from .tiles import ROWS\n\n\ndef build(spec):\n    return ROWS\n")
+    template = get("plug_derived")
+    assert list(template.sources()) == ["__init__.py", "kernel.py", "tiles.py"]  # no list kept by hand
+    before = template.source_digest()
+    (derived / "tiles.py").write_text("ROWS = 8\n")
+    assert template.source_digest() != before
+    listed = plugins("plug_listed", files=("tiles.json",))
+    (listed / "tiles.json").write_text("[4]")
+    template = get("plug_listed")
+    assert list(template.sources()) == ["__init__.py", "kernel.py", "tiles.json"]  # its imports, and the list
+    before = template.source_digest()
+    (listed / "tiles.json").write_text("[8]")
+    assert template.source_digest() != before
+
+
 @pytest.mark.parametrize(("fields", "expected"), [
     ({"fields": ("max_token",)}, "spec_fields names 'max_token', which is not a Spec field"),
     ({"fields": "max_tokens"}, "spec_fields='max_tokens': expected a tuple of strings"),

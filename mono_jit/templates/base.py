@@ -1,10 +1,11 @@
 """The template protocol: a named FlyDSL kernel family specialised by a Spec.
 
 A template states which Spec fields it reads (its cache key leaves the others out, so two
-values of an unread field share one build), the source files whose digest enters the key, its
-launch shape as a function of the spec, its runtime arguments, and how to build the FlyDSL
-launcher with compile placeholders. Building imports FlyDSL and torch; everything else on this
-class does not, so the runtime can key and load entries without them.
+values of an unread field share one build), its launch shape as a function of the spec, its
+runtime arguments, and how to build the FlyDSL launcher with compile placeholders; the files its
+build reads, whose digest enters the key, are found from its imports (sources.py). Building
+imports FlyDSL and torch; everything else on this class does not, so the runtime can key and
+load entries without them.
 """
 
 from __future__ import annotations
@@ -13,26 +14,18 @@ import importlib
 import importlib.util
 import os
 import sys
-import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar, Mapping, Sequence
 
-from mono_jit.cache.digest import sha256
 from mono_jit.record import Record
 
 from ..errors import KernargError
 from ..resources import Budget
 from ..spec import Spec
+from . import sources
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # mono_jit/: the built-ins' source root
-# What every built-in template's build imports from mono_jit besides its own package (checked
-# against the real imports by tests/test_source_digest.py).
-COMMON_SOURCES = ("errors.py", "kernel_info.py", "deepseek_v4.py", "record.py", "resources.py", "spec.py",
-                  "templates/_dsl.py", "templates/base.py", "templates/geometry.py", "templates/launch.py")
-
-
-_source_digests: dict[tuple, str] = {}  # (package dir, files, their stat signatures) -> digest
 
 
 class LaunchShape(Record):
@@ -121,11 +114,10 @@ class Template(ABC):
 
     name: ClassVar[str]
     spec_fields: ClassVar[tuple[str, ...]]
-    # Every file a build imports, relative to the folder of the top-level package that defines
-    # the class (mono_jit/ for the built-ins): the template's own modules and what they import,
-    # transitively. Their digest is part of the key, so an edit to any of them (a width in
-    # deepseek_v4.py, a residency figure in resources.py) is a new key.
-    source_files: ClassVar[tuple[str, ...]]
+    # Files a build reads that its imports do not show (a data file, a module imported by name),
+    # relative to the folder of the top-level package that defines the class; a plug-in's option.
+    # The modules the build imports are found without it (`sources`).
+    source_files: ClassVar[tuple[str, ...] | None] = None
     persistent: ClassVar[bool] = False
     budget: ClassVar[Budget] = Budget()
     # Module with build(spec) -> Build; a leading '.' is relative to the class's package, as in
@@ -166,30 +158,28 @@ class Template(ABC):
         """reference_module as an absolute module name."""
         return importlib.util.resolve_name(cls.reference_module, cls.package())
 
+    @classmethod
+    def sources(cls, package_dir: Path | None = None) -> dict[str, str]:
+        """Every file a build reads (name in the key -> path), under `package_dir` (default: the
+        class's source root): the modules of the class's top-level package that the class's
+        module and its kernel module import, transitively (templates/sources.py), and
+        `source_files`. An edit to any of them (a width in deepseek_v4.py, a module added to k2/
+        and imported) is a new key."""
+        return sources.files_read(*cls._source_query(package_dir))
+
     def source_digest(self, package_dir: Path | None = None) -> str:
-        """sha256 over (path, bytes) of every source file, under `package_dir` (default: the
-        class's source root). Memoised per process by the files' stat signatures (size, mtime,
-        inode), so a grid of keys reads and hashes each template's sources once, and an edited
-        file is read again. A file modified in the last two seconds is never memoised (an edit
-        within the clock's granularity could keep its mtime)."""
-        if package_dir is None:
-            package_dir = self.source_root()
-        files = sorted(set(self.source_files))
-        folder = os.fspath(package_dir)
-        stamp = []
-        for rel in files:
-            st = os.stat(os.path.join(folder, rel))
-            stamp.append((st.st_size, st.st_mtime_ns, st.st_ino))
-        memo_key = (folder, tuple(files), tuple(stamp))
-        digest = _source_digests.get(memo_key)
-        if digest is None:
-            hasher = sha256()
-            for rel in files:
-                hasher.update(rel.encode() + b"\0" + (package_dir / rel).read_bytes() + b"\0")
-            digest = hasher.hexdigest()
-            if max((mtime for _, mtime, _ in stamp), default=0) < time.time_ns() - 2_000_000_000:
-                _source_digests[memo_key] = digest
-        return digest
+        """sha256 over (name, bytes) of `sources()`: the key's part for the template's code.
+        Memoised per process by the files' stat signatures (size, mtime, inode), so a grid of
+        keys reads and hashes each template's sources once, and an edited file is read again. A
+        file modified in the last two seconds is never memoised (an edit within the clock's
+        granularity could keep its mtime)."""
+        return sources.digest(*self._source_query(package_dir))
+
+    @classmethod
+    def _source_query(cls, package_dir: Path | None) -> tuple[str, str, tuple[str, ...], tuple[str, ...]]:
+        root = os.fspath(cls.source_root() if package_dir is None else package_dir)
+        starts = (cls.__module__, cls.kernel_module_name())
+        return cls.__module__.partition(".")[0], root, starts, tuple(sorted(set(cls.source_files or ())))
 
     def key_spec(self, spec: Spec) -> dict[str, object]:
         """The spec as the key sees it: only the fields this template reads."""

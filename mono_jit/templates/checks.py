@@ -75,13 +75,16 @@ def _check_spec_fields(cls: type, where: str) -> None:
 
 
 def _check_source_files(cls: type[Template], where: str) -> None:
-    files = _strings(cls, "source_files", where)
-    if not files:
-        raise TemplateError(f"{where}: source_files is empty: list every file a build reads, so an edit is a new key")
     try:
         root = cls.source_root()
     except ValueError as exc:
         raise TemplateError(f"{where}: {exc}") from None
+    if getattr(cls, "source_files", None) is None:  # the build's imports alone
+        return
+    files = _strings(cls, "source_files", where)
+    if not files:
+        raise TemplateError(f"{where}: source_files is empty: leave it out (the files the build imports are found "
+                            "without it) or list the other files the build reads")
     folder = os.fspath(root)
     for rel in files:  # strings, not paths: every serving process checks its templates' files once
         parts = [part for part in rel.split("/") if part not in ("", ".")]

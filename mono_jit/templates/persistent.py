@@ -1,7 +1,6 @@
 """What K1 and K2, the persistent kernels, share as templates: one CTA of 512 threads on each of
 the 256 CUs, all resident at once (their stages wait on each other's flags), no scratch and no
-spills, and the device modules both builds import (the stage loop and its sync words, the GEMV,
-the seam, the shared torch reference)."""
+spills."""
 
 from __future__ import annotations
 
@@ -9,13 +8,8 @@ from typing import ClassVar
 
 from ..resources import Budget
 from ..spec import Spec
-from .base import COMMON_SOURCES, LaunchShape, Template
+from .base import LaunchShape, Template
 from .geometry import CTAS, THREADS
-
-PERSISTENT_SOURCES = COMMON_SOURCES + (
-    "templates/persistent.py", "templates/sync_device.py", "templates/sync_words.py", "templates/schedule.py",
-    "templates/stage_loop.py", "templates/seam_layout.py", "templates/_numerics.py", "templates/_gemv.py",
-    "templates/addressing.py", "templates/_seam.py", "templates/reference_math.py")
 
 
 class PersistentTemplate(Template):

@@ -20,7 +20,6 @@ BLOCK = 256  # threads of a CTA
 class VecAddTemplate(Template):
     name = "vecadd"  # the entry point's name
     spec_fields = ("max_tokens",)  # the Spec fields build() reads: the key leaves the others out
-    source_files = ("__init__.py", "kernel.py")  # relative to this package's folder
     kernel_module = ".kernel"  # relative to this package, as `from . import kernel` would be
 
     def launch_shape(self, spec: Spec) -> LaunchShape:

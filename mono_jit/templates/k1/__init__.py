@@ -14,16 +14,13 @@ from __future__ import annotations
 
 from ...spec import Spec
 from ..base import Argument, WorkBuffer
-from ..persistent import PERSISTENT_SOURCES, PersistentTemplate
+from ..persistent import PersistentTemplate
 from .layout import PIN_LDS_BYTES, K1Layout
 
 
 class K1Template(PersistentTemplate):
     name = "k1"
     spec_fields = ("tp", "max_tokens")
-    source_files = PERSISTENT_SOURCES + (
-        "templates/k1/__init__.py", "templates/k1/layout.py", "templates/k1/addressing.py",
-        "templates/k1/reference.py", "templates/k1/kernel.py")
     pinned_lds = PIN_LDS_BYTES
 
     def arguments(self, spec: Spec) -> tuple[Argument, ...]:

@@ -44,7 +44,7 @@ from __future__ import annotations
 from ...spec import Spec
 from ..base import Argument, WorkBuffer
 from ..geometry import PAIR_BYTES, PEERS
-from ..persistent import PERSISTENT_SOURCES, PersistentTemplate
+from ..persistent import PersistentTemplate
 from .layout import PIN_LDS_BYTES, STATE_TABLE, WEIGHT_TABLE
 from .moe_layout import TOPK, K2MoeLayout
 
@@ -52,13 +52,6 @@ from .moe_layout import TOPK, K2MoeLayout
 class K2Template(PersistentTemplate):
     name = "k2"
     spec_fields = ("tp", "ratio", "topk_width", "max_tokens")
-    source_files = PERSISTENT_SOURCES + (
-        "templates/k2/allreduce.py", "templates/keytable/__init__.py", "templates/keytable/kernel.py",
-        "templates/keytable/reference.py", "templates/k2/__init__.py", "templates/k2/layout.py",
-        "templates/k2/reference.py", "templates/k2/addressing.py", "templates/k2/kernel.py",
-        "templates/k2/moe_layout.py", "templates/k2/moe_reference.py", "templates/k2/moe_addressing.py",
-        "templates/k2/moe_kernel.py", "templates/router/__init__.py", "templates/router/kernel.py",
-        "templates/router/reference.py")
     reference_module = ".contract"
     pinned_lds = PIN_LDS_BYTES
 

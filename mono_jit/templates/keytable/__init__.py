@@ -19,13 +19,12 @@ from __future__ import annotations
 
 from ... import deepseek_v4
 from ...spec import Spec
-from ..base import COMMON_SOURCES, Argument, LaunchShape, Template
+from ..base import Argument, LaunchShape, Template
 
 
 class KeyTableTemplate(Template):
     name = "keytable"
     spec_fields = ("ratio", "topk_width", "max_tokens")
-    source_files = COMMON_SOURCES + ("templates/keytable/__init__.py", "templates/keytable/kernel.py")
     kernel_module = ".kernel"
 
     def launch_shape(self, spec: Spec) -> LaunchShape:

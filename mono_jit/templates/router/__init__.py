@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ... import deepseek_v4
 from ...spec import Spec
-from ..base import COMMON_SOURCES, Argument, LaunchShape, Template
+from ..base import Argument, LaunchShape, Template
 
 BLOCK = 256  # 4 waves: each wave computes a quarter of the 384 logits, then wave 0 picks top-6
 
@@ -24,7 +24,6 @@ BLOCK = 256  # 4 waves: each wave computes a quarter of the 384 logits, then wav
 class RouterTemplate(Template):
     name = "router"
     spec_fields = ("max_tokens",)
-    source_files = COMMON_SOURCES + ("templates/router/__init__.py", "templates/router/kernel.py")
     kernel_module = ".kernel"
 
     def launch_shape(self, spec: Spec) -> LaunchShape:
