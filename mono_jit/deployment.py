@@ -21,12 +21,13 @@ from .spec import Spec
 from .templates import Template, names
 
 
+LAYER_TEMPLATES = ("k1", "k2")  # the decode layer's templates: what the runner loads
+
+
 def default_templates(settings: Settings) -> list[str]:
     """What a prebuild without named templates builds: the decode layer's templates that are
-    registered (mono_jit.runtime.grid.LAYER_TEMPLATES), then those MONO_JIT_PREBUILD_TEMPLATES
-    names (plug-ins and stand-alone templates are built only when named or configured)."""
-    from .runtime.grid import LAYER_TEMPLATES
-
+    registered (LAYER_TEMPLATES), then those MONO_JIT_PREBUILD_TEMPLATES names (plug-ins and
+    stand-alone templates are built only when named or configured)."""
     registered = set(names())
     chosen = [name for name in LAYER_TEMPLATES if name in registered]
     chosen += [name for name in settings.prebuild_templates if name not in chosen]

@@ -39,6 +39,7 @@ import torch
 
 from .. import deepseek_v4
 from ..config import Settings
+from ..deployment import LAYER_TEMPLATES
 from ..errors import CaptureError
 from ..resolution import capturing
 from ..spec import STANDARD_MAX_TOKENS, bucket_for
@@ -50,7 +51,7 @@ from ..templates.k2.layout import STATE_TABLE, WEIGHT_TABLE
 from ..templates.k2.moe_layout import TOPK
 from .agree import agree
 from .backends import Backend, Kernel, backend as make_backend
-from .grid import LAYER_TEMPLATES, GridEntry, layer_grid, load_grid
+from .grid import GridEntry, layer_grid, load_grid
 from .host_memory import HostSharedMemory, host_tensor
 from .peer import DeviceBuffer, exchange
 from .tables import Entry, addresses, state_entries, weight_entries
@@ -76,7 +77,7 @@ DECLINED = _Declined()
 
 @dataclass
 class HookCall:
-    """One `forward` call's arguments, as vLLM's hook passes them (vllm-integration.md §3.5)."""
+    """One `forward` call's arguments, as vLLM's hook passes them (`mono_decode.py:402-423`)."""
 
     w: MonoLayerWeights
     x: torch.Tensor
