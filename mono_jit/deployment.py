@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from mono_jit.cache.meta import build_label
+
 from .config import Settings
 from .errors import MonoJitError
 from .spec import Spec
@@ -39,7 +41,7 @@ def default_templates(settings: Settings) -> list[str]:
 
 def label(template: Template, spec: Spec) -> str:
     """A build as prebuild names it: the template and the spec fields it reads."""
-    return f"{template.name}({', '.join(f'{k}={v}' for k, v in template.key_spec(spec).items())})"
+    return build_label(template.name, template.key_spec(spec))
 
 
 def builds(templates: Iterable[Template], specs: Iterable[Spec]) -> list[tuple[Template, Spec]]:
