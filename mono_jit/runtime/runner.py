@@ -222,7 +222,7 @@ class MonoRunner:
             self.buffers[build] = {
                 b.name: scratch[(build.template, b.name)][:b.elements] if not b.zeroed_once
                 else self._zeros(b.elements, getattr(torch, b.dtype)) for b in declared}
-        rows, heads = max(self.buckets), deepseek_v4.HEADS // self.tp
+        rows, heads = max(self.buckets), deepseek_v4.per_rank(self.tp).heads
         bf16, i32 = torch.bfloat16, torch.int32
         empty = self._empty
         self.front_out = {"r_out": empty(rows, STREAMS, H, dtype=bf16), "post_out": empty(rows, STREAMS),
