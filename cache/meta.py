@@ -21,6 +21,12 @@ from .schema import meta_problem
 META_SCHEMA = 1  # meta.json's "schema": a reader refuses any other
 
 
+
+def build_label(template: str, fields: Mapping[str, object]) -> str:
+    """A build as every report names it: ``template(field=value, ...)``, `fields` being the spec
+    fields the template reads."""
+    return f"{template}({', '.join(f'{k}={v}' for k, v in fields.items())})"
+
 class MetaError(MonoJitError, ValueError):
     """A parsed meta.json that does not fit the entry format; the message names the field."""
 
@@ -124,7 +130,7 @@ class EntryMeta(Record):
     @property
     def label(self) -> str:
         """``template(field=value, ...)`` of the spec fields the template reads."""
-        return f"{self.template}({', '.join(f'{k}={v}' for k, v in self.spec.items())})"
+        return build_label(self.template, self.spec)
 
     def to_json(self) -> dict[str, Any]:
         """The object meta.json holds (lists for tuples, as JSON has them)."""

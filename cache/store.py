@@ -477,6 +477,16 @@ class Store:
                     found.append(fingerprint)
         return found
 
+    def toolchains_tried(self, arch: str, own: dict | None) -> Iterator[dict]:
+        """The toolchains whose entries a lookup for `arch` tries, in its order: this host's
+        `own` (None: it has none), then, unless MONO_JIT_EXACT_TOOLCHAIN (which needs one here),
+        every other the layers hold. The resolver and `mono-jit explain` both follow it."""
+        if own is not None:
+            yield own
+            if self.settings.exact_toolchain:
+                return
+        yield from self.other_toolchains(arch, own)
+
     def other_toolchains(self, arch: str, own: dict | None) -> Iterator[dict]:
         """Every toolchain but `own` whose entries for `arch` the layers may hold: the recorded
         ones, then those only the entries' factors name (scanned only if iterated that far).

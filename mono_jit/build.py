@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from mono_jit.cache import Entry, Store, cache_key, key_factors
 from mono_jit.cache.digest import sha256
-from mono_jit.cache.meta import EntryMeta, HsacoDigest, KernelLaunch, LaunchDims, StoredArgument
+from mono_jit.cache.meta import EntryMeta, HsacoDigest, KernelLaunch, LaunchDims, StoredArgument, build_label
 from mono_jit.record import Record
 from mono_jit.resources import Residency
 
@@ -53,8 +53,7 @@ class BuildJob(Record):
 
     @property
     def label(self) -> str:
-        fields = ", ".join(f"{k}={v}" for k, v in self.template.key_spec(self.spec).items())
-        return f"{self.template.name}({fields})"
+        return build_label(self.template.name, self.template.key_spec(self.spec))
 
     def check(self) -> None:
         """The template's launch shape and arguments for this spec, checked before any compile

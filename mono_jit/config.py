@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
 from mono_jit.record import Record
 
@@ -110,9 +110,22 @@ def _insecure(text: str) -> tuple[str, ...]:
     return insecure_hosts(text)
 
 
+# The ways the runner can run the kernels (mono_jit.runtime.backends implements one class each).
+BACKENDS: dict[str, str] = {
+    "hip": "the cached code objects on the GPU",
+    "reference": "the templates' torch references on the same tensors",
+    "emulator": "the cached code objects on the gfx950 emulator, on the CPU",
+}
+
+
+def _one_of(names: Iterable[str]) -> str:
+    quoted = [repr(name) for name in names]
+    return f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+
+
 def _backend(text: str) -> str:
-    if text not in ("hip", "reference", "emulator"):
-        raise ValueError(f"expected 'hip', 'reference' or 'emulator', got {text!r}")
+    if text not in BACKENDS:
+        raise ValueError(f"expected {_one_of(BACKENDS)}, got {text!r}")
     return text
 
 
@@ -153,13 +166,13 @@ _TABLE: tuple[tuple[str, str, Callable[[str], object], Callable[[], object], str
     ("peer_wait", "MONO_JIT_PEER_WAIT", _peer_wait, lambda: PEER_WAIT_DEFAULT,
      "seconds a K2 launch waits for a peer rank's all-reduce data before it traps (fails the step)"),
     ("backend", "MONO_JIT_BACKEND", _backend, lambda: "hip",
-     "how the runner runs the kernels: hip (the cached code objects) or reference (their torch references)"),
+     "how the runner runs the kernels: " + "; ".join(f"{name} ({what})" for name, what in BACKENDS.items())),
 )
 
 
 class Settings:
     """The settings in force, from an environment mapping (default: os.environ). Each setting of
-    the table above is an attribute of the type its parser returns (tests/test_config.py checks
+    the table above is an attribute of the type its parser returns (tests/test_settings.py checks
     the two lists agree)."""
 
     cache_dir: Path

@@ -1,11 +1,14 @@
 """DeepSeek-V4-Pro's constants the templates, specs and the runner depend on (global widths and
 the layer's fixed hyper-parameters, from the model's config as vLLM 0.33's DeepSeek-V4 model code
-reads it)."""
+reads it), and a tensor-parallel rank's share of the widths the ranks split."""
+
+from mono_jit.record import Record
 
 HIDDEN = 7168
 HEADS = 128
 OUTPUT_GROUPS = 16
 MOE_INTERMEDIATE = 3072
+SHARED_INTERMEDIATE = MOE_INTERMEDIATE  # one shared expert, as wide as a routed one
 ROUTED_EXPERTS = 384
 EXPERTS_PER_TOKEN = 6
 ROUTED_SCALING = 2.5
@@ -26,3 +29,19 @@ MIXES = (2 + STREAMS) * STREAMS  # 24: the seam's pre, post and comb mixes
 SINKHORN_ROUNDS = 20  # hc_sinkhorn_iters
 HC_POST_ALPHA = 2.0
 EPS = 1e-6  # rms_norm_eps, and the seam's hc_eps
+
+
+class RankWidths(Record):
+    """One rank's share of the widths tensor parallelism splits."""
+
+    heads: int  # attention heads
+    groups: int  # output groups of the attention's projection
+    group_k: int  # one output group's width: its heads' dims
+    inter: int  # a routed expert's intermediate width
+    shared_inter: int  # the shared expert's
+
+
+def per_rank(tp: int) -> RankWidths:
+    """What each of `tp` ranks holds (a valid tp divides every width: spec.VALID_TP)."""
+    heads, groups = HEADS // tp, OUTPUT_GROUPS // tp
+    return RankWidths(heads, groups, heads // groups * HEAD_DIM, MOE_INTERMEDIATE // tp, SHARED_INTERMEDIATE // tp)

@@ -15,18 +15,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from mono_jit.cache.meta import build_label
+
 from .config import Settings
 from .errors import MonoJitError
 from .spec import Spec
 from .templates import Template, names
 
 
+LAYER_TEMPLATES = ("k1", "k2")  # the decode layer's templates: what the runner loads
+
+
 def default_templates(settings: Settings) -> list[str]:
     """What a prebuild without named templates builds: the decode layer's templates that are
-    registered (mono_jit.runtime.grid.LAYER_TEMPLATES), then those MONO_JIT_PREBUILD_TEMPLATES
-    names (plug-ins and stand-alone templates are built only when named or configured)."""
-    from .runtime.grid import LAYER_TEMPLATES
-
+    registered (LAYER_TEMPLATES), then those MONO_JIT_PREBUILD_TEMPLATES names (plug-ins and
+    stand-alone templates are built only when named or configured)."""
     registered = set(names())
     chosen = [name for name in LAYER_TEMPLATES if name in registered]
     chosen += [name for name in settings.prebuild_templates if name not in chosen]
@@ -38,7 +41,7 @@ def default_templates(settings: Settings) -> list[str]:
 
 def label(template: Template, spec: Spec) -> str:
     """A build as prebuild names it: the template and the spec fields it reads."""
-    return f"{template.name}({', '.join(f'{k}={v}' for k, v in template.key_spec(spec).items())})"
+    return build_label(template.name, template.key_spec(spec))
 
 
 def builds(templates: Iterable[Template], specs: Iterable[Spec]) -> list[tuple[Template, Spec]]:

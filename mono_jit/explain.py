@@ -77,16 +77,6 @@ THIS_TOOLCHAIN = "this host's toolchain"
 ANOTHER_TOOLCHAIN = "another toolchain"
 
 
-def _tried(store: Store, spec: Spec, own: dict | None):
-    """The toolchains whose entries a lookup tries, in its order: this host's, then (unless
-    MONO_JIT_EXACT_TOOLCHAIN, which needs a toolchain here) every other the layers hold."""
-    if own is not None:
-        yield own
-        if store.settings.exact_toolchain:
-            return
-    yield from store.other_toolchains(spec.arch, own)
-
-
 def _why_another(own_job: BuildJob | None, bad: list[tuple[Path, str]]) -> str:
     """Why an entry of another toolchain serves: this host has no toolchain, or its own entry
     is missing or unusable."""
@@ -124,7 +114,7 @@ def explain(store: Store, template: Template, spec: Spec, own: dict | None, tool
     build by another toolchain the layers hold; `toolchain` says how the keys were computed."""
     jobs: list[BuildJob] = []
     bad: list[tuple[Path, str]] = []
-    for fingerprint in _tried(store, spec, own):
+    for fingerprint in store.toolchains_tried(spec.arch, own):
         job = BuildJob.plan(template, spec, fingerprint)
         jobs.append(job)
         entry, unusable = store.probe(job.key, job.arch)

@@ -24,6 +24,7 @@ from typing import Callable, Iterable, Iterator
 from mono_jit.cache import Entry, Store
 from mono_jit.cache.fs import FULL_DISK, disk_problem
 from mono_jit.cache.lock import KeyLock
+from mono_jit.cache.meta import build_label
 from mono_jit.cache.stats import Counters
 
 from .build import BuildJob
@@ -92,7 +93,7 @@ def _plan_failure(template: Template, spec: Spec, exc: Exception) -> PlanFailure
         fields = template.key_spec(spec)
     except Exception:  # a template's own key_spec may be what failed
         fields = spec.as_dict()
-    label = f"{template.name}({', '.join(f'{k}={v}' for k, v in fields.items())})"
+    label = build_label(template.name, fields)
     error = str(exc) if isinstance(exc, MonoJitError) else f"{label}: {type(exc).__name__} while planning: {exc}"
     return PlanFailure(template, spec, label, fields, error)
 

@@ -158,10 +158,9 @@ class _Session:
             self.counts.hits += 1
             info(__name__, "hit %s: %s", job.label, entry.path)
             return Resolved(entry, compiled=False)
-        if not settings.exact_toolchain:
-            served = self._other_toolchain(job.template, spec)
-            if served is not None:
-                return served
+        served = self._other_toolchain(job.template, spec)
+        if served is not None:
+            return served
         self.counts.misses += 1
         info(__name__, "miss %s (key %s)%s", job.label, job.key[:16], "" if settings.offline else ": compiling")
         if settings.offline and self.remote is None:
@@ -181,18 +180,20 @@ class _Session:
     def _tried(self, job: BuildJob) -> list[BuildJob]:
         """`job` and the same build under each toolchain a lookup tried after it, for a miss's
         diagnosis."""
-        if self.settings.exact_toolchain:
-            return [job]
-        own = job.factors["toolchain"]
-        return [job, *(self.plan(job.template, job.spec, fp) for fp in self.store.other_toolchains(job.arch, own))]
+        tried = self.store.toolchains_tried(job.arch, job.factors["toolchain"])
+        next(tried)  # this host's own: `job`
+        return [job, *(self.plan(job.template, job.spec, fingerprint) for fingerprint in tried)]
 
     def _other_toolchain(self, template: Template, spec: Spec) -> Resolved | None:
         """The same build (template, sources, spec, arch, options) by another toolchain the
         layers hold, verified as any load is: its key is computed from this build's factors and
         that toolchain's fingerprint, so its stored factors match this build's but for the
-        toolchain. Tried in layer order, this host's own toolchain never (the caller did)."""
+        toolchain. Tried in the lookup's order after this host's own (the caller tried that)."""
         own = None if self.toolchain is None else self.toolchain.fingerprint
-        for fingerprint in self.store.other_toolchains(spec.arch, own):
+        tried = self.store.toolchains_tried(spec.arch, own)
+        if own is not None:
+            next(tried)
+        for fingerprint in tried:
             job = self.plan(template, spec, fingerprint)
             done = self._by_key.get(job.key)
             if done is not None:
@@ -214,7 +215,7 @@ class _Session:
         self.counts.misses += 1
         from .explain import classify  # only a miss needs it
 
-        jobs = [self.plan(template, spec, fingerprint) for fingerprint in self.store.other_toolchains(spec.arch, None)]
+        jobs = [self.plan(template, spec, fingerprint) for fingerprint in self.store.toolchains_tried(spec.arch, None)]
         raise ToolchainError(
             f"{template.name} [{spec.label()}] is in no cache layer under any recorded toolchain "
             f"({classify(self.store, jobs)}), and it cannot be compiled here: {self.unavailable}; "

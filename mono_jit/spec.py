@@ -120,9 +120,14 @@ def deployment_grid(
     max_tokens_buckets: Iterable[int] = STANDARD_MAX_TOKENS,
     ratios: Iterable[int] = RATIOS,
     arch: str = "gfx950",
+    *,
+    hca_width: int | None = None,
 ) -> list[Spec]:
-    """Every Spec one deployment needs: each compress ratio x each max-tokens bucket."""
-    widths = {deepseek_v4.CSA_RATIO: deepseek_v4.CSA_INDEX_TOPK, deepseek_v4.HCA_RATIO: hca_topk_width(max_model_len)}
+    """Every Spec one deployment needs: each compress ratio x each max-tokens bucket. HCA's
+    top-k width is `hca_width` when given (the runner has it from vLLM), else the one
+    `max_model_len` implies. Prebuild builds this grid and the runner loads it."""
+    hca = hca_topk_width(max_model_len) if hca_width is None else hca_width
+    widths = {deepseek_v4.CSA_RATIO: deepseek_v4.CSA_INDEX_TOPK, deepseek_v4.HCA_RATIO: hca}
     grid = []
     for ratio in sorted(set(ratios)):
         if ratio not in widths:

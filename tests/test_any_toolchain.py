@@ -202,3 +202,12 @@ def test_the_setting_is_listed_by_config_and_a_bad_value_is_one_line(tmp_path):
     assert " yes " in row and "[env: MONO_JIT_EXACT_TOOLCHAIN]" in row, row
     bad = CliRunner().invoke(main, ["config"], env={"MONO_JIT_EXACT_TOOLCHAIN": "maybe"})
     assert bad.exit_code == 1 and bad.output.count("\n") == 1 and "MONO_JIT_EXACT_TOOLCHAIN='maybe'" in bad.output
+
+
+def test_a_lookup_tries_this_hosts_toolchain_then_every_other_unless_told_exact(tmp_path, monkeypatch):
+    own, others = {"flydsl": "own"}, [{"flydsl": "b"}, {"flydsl": "c"}]
+    for extra, order in (({}, [own, *others]), ({"MONO_JIT_EXACT_TOOLCHAIN": "1"}, [own])):
+        store = Store(settings_at(tmp_path, **extra))
+        monkeypatch.setattr(store, "other_toolchains", lambda arch, mine: iter(f for f in others if f != mine))
+        assert list(store.toolchains_tried("gfx950", own)) == order
+        assert list(store.toolchains_tried("gfx950", None)) == others  # no toolchain here: every recorded one

@@ -63,3 +63,18 @@ def test_the_schema_checks_every_field_the_record_writes(golden_cache):
 
     data = _entries(golden_cache)[0].meta.to_json()
     assert set(META) == set(data) - {"mono_jit"}
+
+
+def test_every_report_names_a_build_by_one_label():
+    from mono_jit import deployment
+    from mono_jit.build import BuildJob
+    from mono_jit.cache.meta import build_label
+    from mono_jit.prebuild import _plan_failure
+    from mono_jit.spec import Spec
+    from mono_jit.templates import get
+
+    k2, spec = get("k2"), Spec(8, 128, 8192, 16)
+    label = build_label("k2", k2.key_spec(spec))
+    assert label == "k2(tp=8, ratio=128, topk_width=8192, max_tokens=16, arch=gfx950)"
+    assert BuildJob.plan(k2, spec, {"flydsl": "x"}).label == deployment.label(k2, spec) == label
+    assert _plan_failure(k2, spec, ValueError("bad")).label == label

@@ -20,7 +20,7 @@ from mono_jit.config import Settings
 from mono_jit.deployment import default_templates
 from mono_jit.errors import CompileError, MonoJitError, TemplateError
 from mono_jit.prebuild import plan, prebuild
-from mono_jit.runtime.grid import LAYER_TEMPLATES
+from mono_jit.deployment import LAYER_TEMPLATES
 from mono_jit.spec import Spec
 from mono_jit.templates import discovery, get, names, problems, register, registry
 from mono_jit.templates.base import PACKAGE_DIR

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mono_jit.runtime.grid import LAYER_TEMPLATES
+from mono_jit.deployment import LAYER_TEMPLATES
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "vecadd"
 MONO_JIT = Path(sys.executable).with_name("mono-jit")

@@ -1,7 +1,8 @@
 import pytest
 
+from mono_jit import deepseek_v4
 from mono_jit.errors import SpecError
-from mono_jit.spec import STANDARD_MAX_TOKENS, Spec, bucket_for, deployment_grid, hca_topk_width
+from mono_jit.spec import STANDARD_MAX_TOKENS, VALID_TP, Spec, bucket_for, deployment_grid, hca_topk_width
 
 
 def test_valid_spec_round_trips():
@@ -54,3 +55,30 @@ def test_bucket_for_picks_smallest_holding_bucket():
     assert bucket_for(64, STANDARD_MAX_TOKENS) == 64
     with pytest.raises(SpecError, match="rows=65"):
         bucket_for(65, STANDARD_MAX_TOKENS)
+
+
+def test_the_grid_takes_hca_width_as_the_runner_has_it_from_vllm():
+    assert deployment_grid(hca_width=8192) == deployment_grid()
+    assert {s.topk_width for s in deployment_grid(hca_width=256) if s.ratio == 128} == {256}
+    with pytest.raises(SpecError, match="topk_width=100"):
+        deployment_grid(hca_width=100)
+
+
+def test_the_runner_loads_the_builds_prebuild_builds():
+    from mono_jit.deployment import LAYER_TEMPLATES, builds
+    from mono_jit.runtime.grid import layer_grid
+    from mono_jit.templates import get
+
+    prebuilt = builds([get(name) for name in LAYER_TEMPLATES], deployment_grid(4, max_tokens_buckets=[1, 8, 64]))
+    loaded = layer_grid(4, hca_topk_width(deepseek_v4.MAX_MODEL_LEN), buckets=[64, 8, 1])
+    assert [(entry.template, entry.spec) for entry in loaded] == [(t.name, s) for t, s in prebuilt]
+    assert {entry.template for entry in loaded} == set(LAYER_TEMPLATES)
+
+
+def test_a_rank_holds_its_share_of_every_width_the_ranks_split():
+    for tp in VALID_TP:
+        share = deepseek_v4.per_rank(tp)
+        assert share.heads * tp == deepseek_v4.HEADS and share.groups * tp == deepseek_v4.OUTPUT_GROUPS
+        assert share.inter * tp == deepseek_v4.MOE_INTERMEDIATE == share.shared_inter * tp
+        assert share.group_k == deepseek_v4.HEADS // deepseek_v4.OUTPUT_GROUPS * deepseek_v4.HEAD_DIM
+    assert deepseek_v4.per_rank(8) == (16, 2, 4096, 384, 384)

@@ -1,5 +1,4 @@
-"""mono-jit's serving side: the HIP loader (`hip`), kernarg packing from cache metadata
-(`kernargs`), the two backends (`backends`), the deployment grid (`kernels`), the all-rank
-agreement (`agree`), peer memory (`peer`), vLLM's weights classes (`weights`) and the per-rank
-runner (`runner`). It imports the cache but not the compile side: a cache miss compiles in a
-worker process (mono_jit.resolution)."""
+"""mono-jit's serving side: what one TP rank needs to run the decode layer's kernels from the
+cache (load them, pack their arguments, agree across ranks, share peer memory, check vLLM's
+weights, run the layer). It imports the cache but not the compile side: a cache miss compiles
+in a worker process (mono_jit.resolution)."""

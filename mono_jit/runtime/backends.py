@@ -1,11 +1,13 @@
-"""Two ways to run a template's launch on named arguments, behind one interface.
+"""The ways to run a template's launch on named arguments (the names `mono_jit.config.BACKENDS`
+lists), behind one interface.
 
 `hip` loads the cached code object and launches it with the kernarg buffer packed from the
 entry's metadata. `reference` runs the template's torch reference (`run(arguments, spec)` of
 its `reference_module`, the kernel contract in torch) on the same tensors: the runner's whole
 path, from vLLM's tensors through the argument mapping to the outputs, then runs where there
-is no GPU. Both check the arguments against the template's declaration the same way
-(`kernargs.pack`).
+is no GPU. `emulator` runs the cached code object on the emulated gfx950 (`mono_jit.emulator`)
+with the same kernarg bytes. Each checks the arguments against the template's declaration the
+same way (`kernargs.pack`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 from mono_jit.cache.meta import EntryMeta, LaunchDims, StoredArgument
 
+from ..config import BACKENDS
 from ..kernel_info import KernelArg
 from ..spec import Spec
 from ..templates import Template
@@ -177,12 +180,11 @@ class EmulatorBackend:
                 self.machine.unregister(value)
 
 
+_BY_NAME: dict[str, Callable[[], Backend]] = {cls.name: cls for cls in (HipBackend, ReferenceBackend, EmulatorBackend)}
+
+
 def backend(name: str) -> Backend:
-    """The backend called `name` ("hip", "reference" or "emulator")."""
-    if name == "hip":
-        return HipBackend()
-    if name == "reference":
-        return ReferenceBackend()
-    if name == "emulator":
-        return EmulatorBackend()
-    raise ValueError(f"backend {name!r}: expected 'hip', 'reference' or 'emulator'")
+    """The backend called `name`, one of the names `mono_jit.config.BACKENDS` lists."""
+    if name not in _BY_NAME:
+        raise ValueError(f"backend {name!r}: expected one of {', '.join(BACKENDS)}")
+    return _BY_NAME[name]()

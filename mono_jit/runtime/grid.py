@@ -13,13 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from .. import deepseek_v4
 from ..config import Settings
-from ..spec import STANDARD_MAX_TOKENS, Spec
+from ..deployment import LAYER_TEMPLATES, builds
+from ..spec import STANDARD_MAX_TOKENS, Spec, deployment_grid
 from ..templates import get
 from .backends import Backend, Kernel
-
-LAYER_TEMPLATES = ("k1", "k2")
 
 
 @dataclass(frozen=True)
@@ -36,20 +34,10 @@ class GridEntry:
 
 def layer_grid(tp: int, hca_width: int, templates: Iterable[str] = LAYER_TEMPLATES,
                buckets: Iterable[int] = STANDARD_MAX_TOKENS, arch: str = "gfx950") -> list[GridEntry]:
-    """Every build the layer's launches need: one per distinct key of each template."""
-    widths = {deepseek_v4.CSA_RATIO: deepseek_v4.CSA_INDEX_TOPK, deepseek_v4.HCA_RATIO: hca_width}
-    grid: list[GridEntry] = []
-    for name in templates:
-        template = get(name)
-        seen: set[tuple] = set()
-        for ratio, width in widths.items():
-            for bucket in sorted(set(buckets)):
-                spec = Spec(tp, ratio, width, bucket, arch)
-                key = tuple(template.key_spec(spec).items())
-                if key not in seen:
-                    seen.add(key)
-                    grid.append(GridEntry(name, spec))
-    return grid
+    """Every build the layer's launches need: the deployment's grid, one per distinct build of
+    each template, as prebuild builds it."""
+    specs = deployment_grid(tp, max_tokens_buckets=buckets, arch=arch, hca_width=hca_width)
+    return [GridEntry(template.name, spec) for template, spec in builds([get(n) for n in templates], specs)]
 
 
 def load_grid(grid: list[GridEntry], backend: Backend,

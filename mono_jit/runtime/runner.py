@@ -39,6 +39,7 @@ import torch
 
 from .. import deepseek_v4
 from ..config import Settings
+from ..deployment import LAYER_TEMPLATES
 from ..errors import CaptureError
 from ..resolution import capturing
 from ..spec import STANDARD_MAX_TOKENS, bucket_for
@@ -50,7 +51,7 @@ from ..templates.k2.layout import STATE_TABLE, WEIGHT_TABLE
 from ..templates.k2.moe_layout import TOPK
 from .agree import agree
 from .backends import Backend, Kernel, backend as make_backend
-from .grid import LAYER_TEMPLATES, GridEntry, layer_grid, load_grid
+from .grid import GridEntry, layer_grid, load_grid
 from .host_memory import HostSharedMemory, host_tensor
 from .peer import DeviceBuffer, exchange
 from .tables import Entry, addresses, state_entries, weight_entries
@@ -76,7 +77,7 @@ DECLINED = _Declined()
 
 @dataclass
 class HookCall:
-    """One `forward` call's arguments, as vLLM's hook passes them (vllm-integration.md §3.5)."""
+    """One `forward` call's arguments, as vLLM's hook passes them (`mono_decode.py:402-423`)."""
 
     w: MonoLayerWeights
     x: torch.Tensor
@@ -221,7 +222,7 @@ class MonoRunner:
             self.buffers[build] = {
                 b.name: scratch[(build.template, b.name)][:b.elements] if not b.zeroed_once
                 else self._zeros(b.elements, getattr(torch, b.dtype)) for b in declared}
-        rows, heads = max(self.buckets), deepseek_v4.HEADS // self.tp
+        rows, heads = max(self.buckets), deepseek_v4.per_rank(self.tp).heads
         bf16, i32 = torch.bfloat16, torch.int32
         empty = self._empty
         self.front_out = {"r_out": empty(rows, STREAMS, H, dtype=bf16), "post_out": empty(rows, STREAMS),

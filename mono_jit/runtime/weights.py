@@ -26,7 +26,6 @@ from ..templates.geometry import MX_BLOCK as MX  # a 32 x 32 scale block, as vLL
 from ..templates.geometry import WEIGHT_BLOCK as CHECKPOINT_BLOCK
 from ..templates.k2.layout import O_LORA
 
-SHARED_INTERMEDIATE = deepseek_v4.MOE_INTERMEDIATE  # one shared expert, as wide as a routed one
 
 
 class WeightError(MonoJitError, ValueError):
@@ -36,33 +35,6 @@ class WeightError(MonoJitError, ValueError):
 def padded_row(k: int) -> int:
     """vLLM's row stride (bytes) of a row-major e4m3 weight with K = k."""
     return k + 256 if k % 512 == 0 else k
-
-
-@dataclass(frozen=True)
-class Widths:
-    """A TP rank's share of the model's widths."""
-
-    tp: int
-
-    @property
-    def heads(self) -> int:
-        return deepseek_v4.HEADS // self.tp
-
-    @property
-    def groups(self) -> int:
-        return deepseek_v4.OUTPUT_GROUPS // self.tp
-
-    @property
-    def group_k(self) -> int:
-        return self.heads // self.groups * HEAD_DIM
-
-    @property
-    def inter(self) -> int:
-        return deepseek_v4.MOE_INTERMEDIATE // self.tp
-
-    @property
-    def shared_inter(self) -> int:
-        return SHARED_INTERMEDIATE // self.tp
 
 
 def _check(owner: str, name: str, tensor: Any, shape: tuple[int, ...], dtype: torch.dtype,
@@ -126,7 +98,7 @@ class AttnWeights:
     _codes: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def check(self, dims: Any) -> None:
-        w, h = Widths(dims.tp), deepseek_v4.HIDDEN
+        w, h = deepseek_v4.per_rank(dims.tp), deepseek_v4.HIDDEN
         owner, e4m3, u8 = f"layer {self.layer_id} attention", torch.float8_e4m3fn, torch.uint8
         table = (
             ("wqkv", (Q_LORA + KV_LORA, h), e4m3, None),
@@ -189,7 +161,7 @@ class MonoLayerWeights:
     _codes: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def check(self, dims: Any) -> None:
-        w, h, e = Widths(dims.tp), deepseek_v4.HIDDEN, deepseek_v4.ROUTED_EXPERTS
+        w, h, e = deepseek_v4.per_rank(dims.tp), deepseek_v4.HIDDEN, deepseek_v4.ROUTED_EXPERTS
         f32, bf16, u8, e4m3 = torch.float32, torch.bfloat16, torch.uint8, torch.float8_e4m3fn
         fp4 = torch.float4_e2m1fn_x2
         table = [

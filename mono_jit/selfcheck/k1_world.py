@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..deepseek_v4 import HIDDEN as H, Q_LORA
+from ..deepseek_v4 import HIDDEN as H, Q_LORA, per_rank
 from ..errors import MonoJitError
 from ..templates.base import in_order
 from ..spec import Spec
@@ -44,7 +44,7 @@ def random_weights(tp: int = 8, positions: int = 64, seed: int = 0, row_pad: int
     """Weights whose GEMV outputs are O(1); row_pad bytes of 0x7F (NaN) pad each fp8 row, as
     VLLM_ROCM_FP8_PADDING does, so a kernel that reads past K shows it."""
     g = torch.Generator().manual_seed(seed)
-    heads = 128 // tp
+    heads = per_rank(tp).heads
 
     def fp8(n: int, k: int) -> torch.Tensor:
         w = (torch.randn(n, k, generator=g) * 16).to(torch.float8_e4m3fn).view(torch.uint8)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..deepseek_v4 import EPS, HEAD_DIM, HEADS, HIDDEN as H, MOE_INTERMEDIATE, NOPE, OUTPUT_GROUPS, ROUTED_EXPERTS
+from ..deepseek_v4 import EPS, HEAD_DIM, HEADS, HIDDEN as H, NOPE, OUTPUT_GROUPS, ROUTED_EXPERTS, per_rank
 from ..templates.geometry import KV_RECORD
 from ..templates.reference_math import kv_insert, kv_record, preshuffle_16x16, sinkhorn
 from ..templates.k2 import reference as ref
@@ -28,14 +28,14 @@ from ..templates.k2.moe_reference import MoeWeights
 from .k1_world import rope_table
 
 TP = 8  # the emulated world's ranks
-LOCAL = HEADS // TP
+LOCAL = per_rank(TP).heads
 SWA_BLOCK, SWA_PAGES, COMP_BLOCK, COMP_PAGES = 64, 5, 16, 16
 SWA_STRIDE, COMP_STRIDE = SWA_BLOCK * KV_RECORD + 128, COMP_BLOCK * KV_RECORD + 64  # page strides past the records
 POISON_SWA = range(4 * SWA_BLOCK, 5 * SWA_BLOCK)  # NaN records: only ever masked keys point here
 POISON_COMP = range(15 * COMP_BLOCK, 16 * COMP_BLOCK)
 KV_GAIN_BITS = 8
 KV_GAIN = 2 ** KV_GAIN_BITS
-INTER = MOE_INTERMEDIATE // TP  # a rank's routed and shared intermediate share
+INTER = per_rank(TP).inter  # a rank's routed and shared intermediate share
 LIVE = tuple(range(0, ROUTED_EXPERTS, 48))  # a sparse layer's reachable experts: every row's six among them
 POSITIONS = [37, 300, 400]  # row 1 is graph padding
 PAD = 1

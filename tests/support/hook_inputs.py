@@ -1,6 +1,6 @@
 """A layer's weights and one step's tensors the way vLLM 0.33's hook hands them to the runner.
 
-Written from vllm-integration.md §3.5-3.6 and vLLM's `mono_decode.py` (`weights()`,
+Written from vLLM's `mono_decode.py` (`weights()`, `forward`'s call at `mono_decode.py:402-423`,
 `_record_view`, `_mx_scales`), independently of mono_jit.runtime: fused_wqa_wkv AITER-
 preshuffled, 128 x 128 block codes repeated over 32 x 32 blocks, wq_b / wo_a rows padded by
 256 bytes (the storage holds the padding), a record view of a paged cache whose pages are

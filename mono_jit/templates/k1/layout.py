@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ...deepseek_v4 import HEAD_DIM, HEADS, HIDDEN, KV_LORA, Q_LORA
+from ...deepseek_v4 import HEAD_DIM, HIDDEN, KV_LORA, Q_LORA, per_rank
 from ...resources import LDS_PER_CU
 from ...spec import Spec
 from .. import schedule as sched, seam_layout
@@ -121,7 +121,7 @@ class K1Layout(sched.ScheduledLayout):
     # -- widths ------------------------------------------------------------------------
     @property
     def heads(self) -> int:
-        return HEADS // self.tp
+        return per_rank(self.tp).heads
 
     @property
     def q_width(self) -> int:

@@ -278,7 +278,7 @@ class K2Layout(sched.ScheduledLayout):
     # -- widths ------------------------------------------------------------------------
     @property
     def heads(self) -> int:
-        return deepseek_v4.HEADS // self.tp
+        return deepseek_v4.per_rank(self.tp).heads
 
     @property
     def head_tiles(self) -> int:
@@ -286,7 +286,7 @@ class K2Layout(sched.ScheduledLayout):
 
     @property
     def groups(self) -> int:
-        return deepseek_v4.OUTPUT_GROUPS // self.tp
+        return deepseek_v4.per_rank(self.tp).groups
 
     @property
     def o_width(self) -> int:

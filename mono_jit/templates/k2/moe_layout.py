@@ -191,7 +191,7 @@ class K2MoeLayout(K2Layout):
     @property
     def inter(self) -> int:
         """A rank's share of each expert's intermediate (and of the shared expert's)."""
-        return deepseek_v4.MOE_INTERMEDIATE // self.tp
+        return deepseek_v4.per_rank(self.tp).inter
 
     @property
     def union_max(self) -> int:

@@ -304,8 +304,9 @@ def k2_ranks(inputs: Sequence[part_one.K2Inputs], weights: Sequence[part_one.K2W
 def moe_shards(tp: int = 8) -> int:
     """The routed and the shared intermediate a rank holds: MOE_INTERMEDIATE / tp (FusedMoE's
     intermediate_size_per_partition; DeepseekV4MLP's MergedColumnParallelLinear share)."""
-    if deepseek_v4.MOE_INTERMEDIATE % tp or (deepseek_v4.MOE_INTERMEDIATE // tp) % (2 * K_LANE * K_PACK):
+    inter = deepseek_v4.per_rank(tp).inter
+    if deepseek_v4.MOE_INTERMEDIATE % tp or inter % (2 * K_LANE * K_PACK):
         raise ValueError(f"TP {tp} does not split the intermediate {deepseek_v4.MOE_INTERMEDIATE} in 128-value "
                          "fp4 tiles")
-    return deepseek_v4.MOE_INTERMEDIATE // tp
+    return inter
 
