@@ -21,9 +21,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
 
 from . import ops as O
+from .jit_cache import njit
 from .decode import (F_ABS, F_BASE, F_CLASS, F_DST, F_FLAGS, F_FORMAT, F_LIT, F_NEG, F_NEG_HI, F_NEXT, F_OFFSET,
                      F_OFFSET1, F_OP, F_OPSEL, F_OPSEL_HI, F_SCALE0, F_SCALE1, F_SDST, F_SEL0, F_SEL1, F_SEXT,
                      F_SOFF, F_SRC0, F_SRC1, F_SRC2, F_TARGET, FLAG_DPP, FLAG_OFFEN, FLAG_SADDR_OFF,

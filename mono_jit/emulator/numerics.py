@@ -18,7 +18,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+
+from .jit_cache import njit
 
 M32 = 0xFFFFFFFF
 
