@@ -21,7 +21,7 @@ import mono_jit.emulator  # noqa: E402
 PROBE = """
 import json, sys
 import numpy as np
-from copied.emulator.core import sdwa_select
+from copied.emulator.operands import sdwa_select
 T = np.full((1, 64), 0x12345678, np.uint32)
 sdwa_select(T, 0, 5, 0)
 stats = sdwa_select.stats
