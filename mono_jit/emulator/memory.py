@@ -153,7 +153,7 @@ def vmem(P, i, w, S, V, T, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, d, ex, op):
                 new = operand if old == np.int64(V[w, data + 1, lane]) else old
             elif op == O.OP_GLOBAL_ATOMIC_UMAX:
                 new = max(old, operand)
-            else:  # GLOBAL_ATOMIC_MAX (signed)
+            else:  # GLOBAL_ATOMIC_SMAX
                 new = old if sext32(old) >= sext32(operand) else operand
             store(BUFS, ALLOC, k, address, 4, new)
             if flags & FLAG_SC0:  # returns the old value
