@@ -37,7 +37,7 @@ from k2_harness import H, K2Run  # noqa: E402
 from k2_inputs import TP, full_weights, shard, world  # noqa: E402
 
 from mono_jit.emulator import EmulatorFault, LaunchReport, Machine  # noqa: E402
-from mono_jit.emulator.core import TICKS_PER_INSTRUCTIONS  # noqa: E402
+from mono_jit.emulator.state import TICKS_PER_INSTRUCTIONS  # noqa: E402
 from mono_jit.spec import Spec  # noqa: E402
 from mono_jit.templates import reference_math as rmath  # noqa: E402
 from mono_jit.templates.k2 import moe_addressing as ma  # noqa: E402

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from numba import typed
 
-from . import core
+from . import interpreter, state
 from .codeobj import USER_SGPRS, CodeObject, CodeObjectError
 from .decode import F_NEXT, F_TARGET
 from .errors import EmulatorError
@@ -27,7 +27,7 @@ from .ops import CLASSES
 LDS_BYTES = 160 * 1024  # gfx950's LDS per CU (MI355X: 160 KiB)
 WAVE = 64
 IDLE_WAIT_SECONDS = 30.0  # a launch polling another process's memory gives up after this long idle
-TICKS_PER_SECOND = 100_000_000  # s_memrealtime's rate: the GFX9 family's fixed 100 MHz clock (as core.py)
+TICKS_PER_SECOND = 100_000_000  # s_memrealtime's rate: the GFX9 family's fixed 100 MHz clock (as state.py)
 POLL_BACKOFF_SECONDS = (0.001, 0.05)  # first and longest sleep between polls of another process's stores
 
 
@@ -179,38 +179,38 @@ class Machine:
         """Run launches on their devices together, every workgroup of each co-resident, to
         completion; raise EmulatorFault (or Deadlock) with the failing wave's state."""
         launches = list(launches)
-        state = _State(self, launches)
+        arrays = _State(self, launches)
         try:
-            return self._run(state, budget)
+            return self._run(arrays, budget)
         finally:
-            state.release()
+            arrays.release()
 
-    def _run(self, state: "_State", budget: int) -> LaunchReport:
+    def _run(self, arrays: "_State", budget: int) -> LaunchReport:
         start = time.perf_counter()
         idle_since = None
         while True:
-            progress = int(state.ctl[core.C_STORES] + state.ctl[core.C_EVENTS])
-            result = state.run(budget)
-            if result != core.IDLE:
+            progress = int(arrays.ctl[state.C_STORES] + arrays.ctl[state.C_EVENTS])
+            result = arrays.run(budget)
+            if result != state.IDLE:
                 break
             now = time.monotonic()
-            if idle_since is None or state.ctl[core.C_STORES] + state.ctl[core.C_EVENTS] != progress:
+            if idle_since is None or arrays.ctl[state.C_STORES] + arrays.ctl[state.C_EVENTS] != progress:
                 idle_since, pause = now, POLL_BACKOFF_SECONDS[0]
             if now - idle_since > self.external_wait_seconds:
-                raise Deadlock(state.blocked_report(f"no progress for {self.external_wait_seconds:.0f} s"))
+                raise Deadlock(arrays.blocked_report(f"no progress for {self.external_wait_seconds:.0f} s"))
             time.sleep(pause)
             pause = min(2 * pause, POLL_BACKOFF_SECONDS[1])
             # the device's real-time clock runs on while it waits for the other process
-            state.clock += round((time.monotonic() - now) * TICKS_PER_SECOND)
-            state.ctl[core.C_EPOCH] += 1
+            arrays.clock += round((time.monotonic() - now) * TICKS_PER_SECOND)
+            arrays.ctl[state.C_EPOCH] += 1
         seconds = time.perf_counter() - start
-        if result == core.FAULTED:
-            raise EmulatorFault(state.fault_report())
-        if result == core.DEADLOCKED:
-            raise Deadlock(state.blocked_report("no wave can progress"))
-        if result == core.BUDGET:
-            raise EmulatorFault(state.blocked_report(f"more than {budget} wave-instructions"))
-        return state.report(seconds)
+        if result == state.FAULTED:
+            raise EmulatorFault(arrays.fault_report())
+        if result == state.DEADLOCKED:
+            raise Deadlock(arrays.blocked_report("no wave can progress"))
+        if result == state.BUDGET:
+            raise EmulatorFault(arrays.blocked_report(f"more than {budget} wave-instructions"))
+        return arrays.report(seconds)
 
 
 def _dims(values: Sequence[int]) -> tuple[int, int, int]:
@@ -293,7 +293,7 @@ class _State:
         W = len(waves)
         self.S = np.zeros((W, 136), np.uint32)
         self.V = np.zeros((W, vgprs, WAVE), np.uint32)
-        self.WS = np.zeros((W, core.WS_FIELDS), np.int64)
+        self.WS = np.zeros((W, state.WS_FIELDS), np.int64)
         self.CTA = np.zeros((len(ctas), 4), np.int64)
         self.LDS = np.zeros((len(ctas), max(lds_sizes) if lds_sizes else 4), np.uint8)
         for c, (n_waves, first, lds) in enumerate(ctas):
@@ -305,12 +305,12 @@ class _State:
             scratch = self.scratch[index]
             if scratch is not None:  # the wave's block of its launch's scratch
                 k = w - first_wave.setdefault(index, w)
-                self.WS[w, core.WS_PRIVATE] = kd.private_segment_size
-                self.WS[w, core.WS_SCRATCH] = scratch.ctypes.data + k * WAVE * kd.private_segment_size
-            self.WS[w, core.WS_PC] = self.row0[index] + launch.code.program.entry
-            self.WS[w, core.WS_CTA] = cta
-            self.WS[w, core.WS_DEVICE] = launch.device
-            self.WS[w, core.WS_ROW0] = self.row0[index]
+                self.WS[w, state.WS_PRIVATE] = kd.private_segment_size
+                self.WS[w, state.WS_SCRATCH] = scratch.ctypes.data + k * WAVE * kd.private_segment_size
+            self.WS[w, state.WS_PC] = self.row0[index] + launch.code.program.entry
+            self.WS[w, state.WS_CTA] = cta
+            self.WS[w, state.WS_DEVICE] = launch.device
+            self.WS[w, state.WS_ROW0] = self.row0[index]
             sgpr = 0
             for name in kd.user_sgprs:  # user SGPRs in the hardware's order
                 if name == "kernarg_segment_ptr":
@@ -327,7 +327,7 @@ class _State:
                     sgpr += 1
             lanes = min(WAVE, threads - wave * WAVE)
             mask = (1 << lanes) - 1
-            self.S[w, core.EXEC], self.S[w, core.EXEC + 1] = mask & 0xFFFFFFFF, mask >> 32
+            self.S[w, state.EXEC], self.S[w, state.EXEC + 1] = mask & 0xFFFFFFFF, mask >> 32
             bx, by, _ = launch.block
             for lane in range(lanes):  # packed work-item ids: x bits 0-9, y 10-19, z 20-29
                 t = wave * WAVE + lane
@@ -348,13 +348,13 @@ class _State:
             self.BUFS.append(np.zeros(1, np.uint8))
             self.TOUCH.append(np.zeros(1, np.uint8))
         self.ABYTES = np.zeros((self.ALLOC.shape[0], 6), np.int64)
-        self.CNT = np.zeros((self.machine.devices, core.CNT_FIELDS), np.int64)
-        self.ctl = np.zeros(core.CTL_FIELDS, np.int64)
+        self.CNT = np.zeros((self.machine.devices, state.CNT_FIELDS), np.int64)
+        self.ctl = np.zeros(state.CTL_FIELDS, np.int64)
         self.clock = np.zeros(self.machine.devices, np.int64)
         self.T = np.zeros((8, WAVE), np.uint32)
 
     def run(self, budget: int) -> int:
-        return int(core.run(self.program, self.S, self.V, self.WS, self.CTA, self.LDS, self.ALLOC, self.BUFS,
+        return int(interpreter.run(self.program, self.S, self.V, self.WS, self.CTA, self.LDS, self.ALLOC, self.BUFS,
                             self.TOUCH, self.ABYTES, self.CNT, self.ctl, self.clock, self.T, budget,
                             self.machine.external_writers))
 
@@ -362,7 +362,7 @@ class _State:
     def _where(self, w: int) -> tuple[str, str]:
         index, cta, (x, y, z), wave = self.wave_info[w]
         launch = self.launches[index]
-        row = int(self.WS[w, core.WS_PC]) - self.row0[index]
+        row = int(self.WS[w, state.WS_PC]) - self.row0[index]
         program = launch.code.program
         pc = program.addresses[row] if 0 <= row < len(program.addresses) else -1
         name = program.names[row] if 0 <= row < len(program.names) else "?"
@@ -371,45 +371,45 @@ class _State:
 
     def fault_report(self) -> str:
         ctl = self.ctl
-        w = int(ctl[core.C_WAVE])
-        self.WS[w, core.WS_PC] = ctl[core.C_ROW]
+        w = int(ctl[state.C_WAVE])
+        self.WS[w, state.WS_PC] = ctl[state.C_ROW]
         where, pc = self._where(w)
-        kind, lane, address, size, detail = (int(ctl[core.C_FAULT]), int(ctl[core.C_LANE]), int(ctl[core.C_ADDRESS]),
-                                             int(ctl[core.C_SIZE]), int(ctl[core.C_DETAIL]))
+        kind, lane, address, size, detail = (int(ctl[state.C_FAULT]), int(ctl[state.C_LANE]), int(ctl[state.C_ADDRESS]),
+                                             int(ctl[state.C_SIZE]), int(ctl[state.C_DETAIL]))
         at = f"{where}, {pc}" + (f", lane {lane}" if lane >= 0 else "")
-        if kind == core.FAULT_TRAP:
+        if kind == state.FAULT_TRAP:
             return f"s_trap {detail} (the kernel aborted the launch, as HIP reports a trap): {at}"
-        if kind == core.FAULT_UNMAPPED:
+        if kind == state.FAULT_UNMAPPED:
             return (f"memory access outside every allocation: {size} bytes at {address:#x}, "
                     f"{self.machine.nearest(address)}: {at}")
-        if kind == core.FAULT_READ_ONLY:
+        if kind == state.FAULT_READ_ONLY:
             return f"write into read-only memory at {address:#x}, {self.machine.nearest(address)}: {at}"
-        if kind == core.FAULT_UNALIGNED:
+        if kind == state.FAULT_UNALIGNED:
             return f"unaligned {size}-byte access at {address:#x} (LDS and atomics need dword alignment): {at}"
-        if kind == core.FAULT_LDS:
+        if kind == state.FAULT_LDS:
             return f"LDS access of {size} bytes at {address:#x}, past the workgroup's {detail} bytes: {at}"
-        if kind == core.FAULT_PRIVATE:
+        if kind == state.FAULT_PRIVATE:
             return (f"scratch access of {size} bytes at private address {address:#x}, past the work-item's "
                     f"{detail}-byte private segment (the descriptor's private_segment_fixed_size): {at}")
-        if kind == core.FAULT_EXEC:
+        if kind == state.FAULT_EXEC:
             return f"MFMA with a partial EXEC mask ({address & (2**64 - 1):#018x}) is not modelled: {at}"
         return f"operand form not modelled (case {detail}, value {address:#x}): {at}"
 
     def blocked_report(self, why: str) -> str:
         lines = [f"launch stopped: {why}; blocked waves:"]
-        names = {core.AT_BARRIER: "at s_barrier", core.PARKED: "polling", core.RUNNING: "running"}
+        names = {state.AT_BARRIER: "at s_barrier", state.PARKED: "polling", state.RUNNING: "running"}
         for w in range(len(self.wave_info)):
-            status = int(self.WS[w, core.WS_STATUS])
-            if status == core.DONE:
+            status = int(self.WS[w, state.WS_STATUS])
+            if status == state.DONE:
                 continue
             where, pc = self._where(w)
             line = f"  {where}: {names.get(status, status)} at {pc}"
-            if status != core.AT_BARRIER:
-                address = int(self.WS[w, core.WS_POLL])
+            if status != state.AT_BARRIER:
+                address = int(self.WS[w, state.WS_POLL])
                 line += f", last load {address:#x} = {self._peek(address)} ({self.machine.nearest(address)})"
             lines.append(line)
             if len(lines) > 64:
-                lines.append(f"  ... and {sum(1 for k in range(w + 1, len(self.wave_info)) if self.WS[k, 1] != core.DONE)} more")
+                lines.append(f"  ... and {sum(1 for k in range(w + 1, len(self.wave_info)) if self.WS[k, 1] != state.DONE)} more")
                 break
         return "\n".join(lines)
 
@@ -438,15 +438,15 @@ class _State:
                 entry["distinct_bytes_read"] = int(self.TOUCH[k].sum()) * 4
             per_allocation[a.name] = entry
         by_cta = np.zeros(self.CTA.shape[0], np.int64)
-        np.add.at(by_cta, self.WS[:, core.WS_CTA], self.WS[:, core.WS_COUNT])
+        np.add.at(by_cta, self.WS[:, state.WS_CTA], self.WS[:, state.WS_COUNT])
         return LaunchReport(
             kernels=[launch.code.name for launch in self.launches], seconds=seconds,
             wave_instructions=int(cnt[:, :n].sum()),
             by_class={name: int(cnt[:, k].sum()) for k, name in enumerate(CLASSES)},
-            mfma=int(cnt[:, CLASSES.index("mfma")].sum()), barriers=int(cnt[:, core.CNT_BARRIERS].sum()),
-            polls=int(cnt[:, core.CNT_POLLS].sum()), idle_rounds=int(cnt[:, core.CNT_IDLE].max()),
-            scheduler_passes=int(self.ctl[core.C_PASSES]),
-            lds_bytes_read=int(cnt[:, core.CNT_LDS_READ].sum()), lds_bytes_written=int(cnt[:, core.CNT_LDS_WRITTEN].sum()),
-            bytes_read=int(cnt[:, core.CNT_READ].sum()), bytes_written=int(cnt[:, core.CNT_WRITTEN].sum()),
+            mfma=int(cnt[:, CLASSES.index("mfma")].sum()), barriers=int(cnt[:, state.CNT_BARRIERS].sum()),
+            polls=int(cnt[:, state.CNT_POLLS].sum()), idle_rounds=int(cnt[:, state.CNT_IDLE].max()),
+            scheduler_passes=int(self.ctl[state.C_PASSES]),
+            lds_bytes_read=int(cnt[:, state.CNT_LDS_READ].sum()), lds_bytes_written=int(cnt[:, state.CNT_LDS_WRITTEN].sum()),
+            bytes_read=int(cnt[:, state.CNT_READ].sum()), bytes_written=int(cnt[:, state.CNT_WRITTEN].sum()),
             per_device=per_device, per_allocation=per_allocation,
             busiest_workgroup_instructions=int(by_cta.max()) if len(by_cta) else 0)

@@ -11,6 +11,7 @@
   choice; it is the conservative reading (a kernel that forgot to clamp would show NaN).
 - fp4 is OCP e2m1 (its value table is `mfma_layout.E2M1`, with the MFMA's operand layout).
 - E8M0 scale codes are 2^(code - 127); 255 is NaN (OCP MX specification).
+- Integers: sign extension from 32, 24 and 16 bits, and the high half of a 32 x 32 product.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+
+from .jit_cache import njit
 
 M32 = 0xFFFFFFFF
 
@@ -131,3 +133,28 @@ def cvt_i32(value: float) -> int:
     if value <= -2147483648.0:
         return 0x80000000
     return int(value) & M32
+
+
+@njit(cache=True)
+def sext32(x):
+    x &= M32
+    return x - (1 << 32) if x & 0x80000000 else x
+
+
+@njit(cache=True)
+def sext24(x):
+    x &= 0xFFFFFF
+    return x - (1 << 24) if x & 0x800000 else x
+
+
+@njit(cache=True)
+def sext16(x):
+    x &= 0xFFFF
+    return x - (1 << 16) if x & 0x8000 else x
+
+
+@njit(cache=True)
+def mul_hi_u32(a, b):
+    """The upper 32 bits of an unsigned 32 x 32 product (in uint64: the product can pass 2^63)."""
+    return np.int64((np.uint64(a) * np.uint64(b)) >> np.uint64(32))
+
