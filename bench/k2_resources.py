@@ -16,9 +16,9 @@ from pathlib import Path
 
 from mono_jit.cache.store import Store
 from mono_jit.config import Settings
-from mono_jit.hsaco import read_metadata
-from mono_jit.isa import disassemble, find_objdump, instruction_counts
-from mono_jit.prebuild import prebuild
+from mono_jit.hsaco.metadata import read_metadata
+from mono_jit.hsaco.isa import disassemble, find_objdump, instruction_counts
+from mono_jit.build.prebuild import prebuild
 from mono_jit.spec import Spec
 from mono_jit.templates import get
 

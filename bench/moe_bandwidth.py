@@ -33,7 +33,7 @@ from mono_jit import STANDARD_MAX_TOKENS, deepseek_v4
 from mono_jit.deepseek_v4 import HEAD_DIM, Q_LORA, STREAMS
 from mono_jit.templates.geometry import MX_BLOCK, WEIGHT_BLOCK
 from mono_jit.templates.k1.layout import QKV, K1Layout
-from mono_jit.templates.k2.layout import K2Layout
+from mono_jit.templates.k2.attention_layout import K2Layout
 
 HBM_BYTES_PER_S = 8e12
 MIXES = 24

@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from mono_jit.errors import MonoJitError
-from mono_jit.kernel_info import KernelArg, KernelInfo
+from mono_jit.hsaco.kernel_info import KernelArg, KernelInfo
 from mono_jit.record import Record
-from mono_jit.resources import Residency
+from mono_jit.hsaco.resources import Residency
 
 from .schema import meta_problem
 

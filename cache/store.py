@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Iterator
 
 from mono_jit.config import Settings
-from mono_jit.elf_header import MACH_BY_ARCH, check_header
+from mono_jit.hsaco.elf_header import MACH_BY_ARCH, check_header
 from mono_jit.errors import InvalidCodeObject, MonoJitError, UntrustedRoot
 from mono_jit.record import Record
 

@@ -22,22 +22,22 @@ from mono_jit.cache.stats import count_in
 
 from . import deepseek_v4
 from .config import Settings
-from .doctor import Checks, cannot_compile_here
+from .commands.doctor import Checks, cannot_compile_here
 from .errors import MonoJitError, ToolchainError
-from .explain import Explanation
-from .list import Listing
+from .commands.explain import Explanation
+from .commands.listing import Listing
 from .progress import Progress, Silent
-from .resolution import Resolved, resolve, resolve_many
+from .build.resolve import Resolved, resolve, resolve_many
 from .spec import RATIOS, STANDARD_MAX_TOKENS, Spec, deployment_grid
 from .templates import Template, all_templates, get
-from .verify import VerifyReport
+from .commands.verify import VerifyReport
 
 if TYPE_CHECKING:  # these load when used
     from mono_jit.cache.bundle import Exported
     from mono_jit.cache.oci.client import Registry
     from mono_jit.cache.oci.reference import Reference
 
-    from .deployment import GridCheck
+    from .build.deployment import GridCheck
     from .selfcheck import KernelCheck
 
 __all__ = ["Checks", "Explanation", "Listing", "PrebuildReport", "Resolved", "StatsReport", "VerifyReport",
@@ -96,7 +96,7 @@ def prebuild(templates: Iterable[str | Template] | None = None, *, tp: int = 8,
     set, what its registry holds is fetched and only the rest compiled. With `image_layer`
     and no failure, the run's entries are also published there as a read-only layer any user
     can read (cache/layer.py)."""
-    from .prebuild import prebuild as run
+    from .build.prebuild import prebuild as run
 
     _check_timeout(timeout)
     settings, progress = _settings(settings), progress or Silent()
@@ -138,7 +138,7 @@ def _check_timeout(timeout: float) -> None:
 
 def _deployment_templates(templates: Iterable[str | Template] | None, settings: Settings) -> list[Template]:
     """The templates named, else what a plain prebuild builds (deployment.default_templates)."""
-    from .deployment import default_templates
+    from .build.deployment import default_templates
 
     return _templates(templates if templates is not None else default_templates(settings))
 
@@ -149,7 +149,7 @@ def check_grid(templates: Iterable[str | Template] | None = None, *, tp: int = 8
     """Whether the layers here serve every build `prebuild` with the same arguments makes:
     each resolved offline as a serving process would (verified, never compiled or fetched, no
     FlyDSL needed), every miss with its reason. Writes nothing."""
-    from .deployment import check
+    from .build.deployment import check
 
     settings = _settings(settings)
     specs = deployment_grid(tp, max_model_len, max_tokens, ratios, arch)
@@ -160,7 +160,7 @@ def verify(*, rebuild: bool = False, jobs: int | None = None, timeout: float = 6
            settings: Settings | None = None, progress: Progress | None = None) -> VerifyReport:
     """Check every copy of every entry in every layer; with `rebuild`, recompile each good one
     and require identical bytes (needs FlyDSL: ToolchainError on a lean host)."""
-    from .verify import verify as run
+    from .commands.verify import verify as run
 
     _check_timeout(timeout)
     settings = _settings(settings)
@@ -175,8 +175,8 @@ def explain(template: str | Template, spec: Spec, *, settings: Settings | None =
     same build by another toolchain when it has none), and if not, why: the corrupt copy in its
     place, or the kind of miss and the key factors that differ from the nearest entry. Without a
     toolchain here (a lean host), keys are computed with the toolchains in the layers. Writes nothing."""
-    from .explain import explain as run
-    from .toolchain import resolve_toolchain
+    from .commands.explain import explain as run
+    from .build.toolchain import resolve_toolchain
 
     settings = _settings(settings)
     template = template if isinstance(template, Template) else get(template)
@@ -192,7 +192,7 @@ def explain(template: str | Template, spec: Spec, *, settings: Settings | None =
 def fill_advice(template: str, spec: Spec) -> str:
     """What fills a missing entry of `template` at `spec`: 'run <the prebuild command whose grid
     holds it>', or on a host that cannot compile, where to run it and how to ship the result."""
-    from .resolution import build_elsewhere, prebuild_command
+    from .build.resolve import build_elsewhere, prebuild_command
 
     fill = prebuild_command(template, spec)
     return f"run {fill}" if cannot_compile_here() is None else build_elsewhere(fill)
@@ -201,14 +201,14 @@ def fill_advice(template: str, spec: Spec) -> str:
 def list_entries(templates: Iterable[str] | None = None, *, settings: Settings | None = None) -> Listing:
     """The served entries (read-only layers first), of the named templates only when given,
     each "ok" or "stale", and each layer's size."""
-    from .list import listing
+    from .commands.listing import listing
 
     return listing(Store(_settings(settings)), tuple(templates) if templates is not None else None)
 
 
 def find_entry(prefix: str, *, settings: Settings | None = None) -> Entry:
     """The one served entry whose key starts with `prefix` (KeyPrefixError otherwise)."""
-    from .list import find
+    from .commands.listing import find
 
     return find(Store(_settings(settings)), prefix)
 
@@ -245,7 +245,7 @@ def export(bundle: Path, *, templates: Iterable[str] | None = None, settings: Se
 
 def describe_toolchain(fingerprint: dict) -> str:
     """A toolchain fingerprint in one short line (digests cut), as the resolver's log names it."""
-    from .toolchain import describe
+    from .build.toolchain import describe
 
     return describe(fingerprint)
 
@@ -253,7 +253,7 @@ def describe_toolchain(fingerprint: dict) -> str:
 def worker_env_removed() -> dict[str, str]:
     """The variables of this environment that compile workers run without (they would change
     FlyDSL's output: toolchain.removed_variables), for `mono-jit config`."""
-    from .toolchain import removed_variables
+    from .build.toolchain import removed_variables
 
     return removed_variables()
 
@@ -268,8 +268,8 @@ def import_bundle(bundle: Path, *, sha256: str | None = None, settings: Settings
 
 
 def doctor(*, deep: bool = False, settings: Settings | None = None) -> Checks:
-    """Toolchain, cache and template health checks (mono_jit.doctor)."""
-    from .doctor import doctor as run
+    """Toolchain, cache and template health checks (mono_jit.commands.doctor)."""
+    from .commands.doctor import doctor as run
 
     return run(_settings(settings), deep)
 
@@ -295,7 +295,7 @@ def stats(*, zero: bool = False, settings: Settings | None = None) -> StatsRepor
     increments) and the size of every layer; with `zero`, reset the counters first."""
     from mono_jit.cache import stats as counters
 
-    from .list import listing
+    from .commands.listing import listing
 
     settings = _settings(settings)
     store = Store(settings, read_only=bool(settings.offline))

@@ -172,7 +172,7 @@ _TABLE: tuple[tuple[str, str, Callable[[str], object], Callable[[], object], str
 
 class Settings:
     """The settings in force, from an environment mapping (default: os.environ). Each setting of
-    the table above is an attribute of the type its parser returns (tests/test_settings.py checks
+    the table above is an attribute of the type its parser returns (tests/test_config.py checks
     the two lists agree)."""
 
     cache_dir: Path

@@ -1,6 +1,6 @@
 """Every file a comment or docstring names is in the repository, so a reader can follow it.
 
-A path is a name with a folder (`templates/k2/layout.py`) or a document (`settings.md`); it is
+A path is a name with a folder (`templates/k2/attention_layout.py`) or a document (`settings.md`); it is
 found if some file of the repository ends with it (the package installs `cache/` and `cli/` as
 `mono_jit.cache` and `mono_jit.cli`). Other projects' sources are cited on purpose: a
 `path:line` citation, or a code path in a paragraph that names the project (vLLM, AITER,

@@ -2,7 +2,7 @@
 
 The decoder is tinygrad's (`tinygrad.renderer.amd.decode_inst`, arch "cdna"), generated from
 AMD's machine-readable CDNA4 specification, so that the instructions are read by something other
-than the LLVM that wrote them; `tests/test_emulator_decode.py` cross-checks it against
+than the LLVM that wrote them; `tests/emulator/test_decode.py` cross-checks it against
 `llvm-objdump` for every instruction of every built template. Each instruction becomes one row of
 int64 fields (`F_*`); anything the interpreter does not model (an operation it has no semantics
 for, a modifier it ignores) is refused here, by name and address, so that nothing runs silently

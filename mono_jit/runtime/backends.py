@@ -19,10 +19,10 @@ from typing import Any, Callable, Mapping, Protocol
 from mono_jit.cache.meta import EntryMeta, LaunchDims, StoredArgument
 
 from ..config import BACKENDS
-from ..kernel_info import KernelArg
+from ..hsaco.kernel_info import KernelArg
 from ..spec import Spec
 from ..templates import Template
-from .kernargs import DeclaredMeta, DeclaredTable, KernargError, LaunchMeta, layout, pack
+from ..templates.kernargs import DeclaredMeta, DeclaredTable, KernargError, LaunchMeta, layout, pack
 
 EXTERNAL_WAIT_MARGIN = 10.0  # seconds the emulator waits past a peer wait's bound before it calls a deadlock
 

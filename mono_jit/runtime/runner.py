@@ -39,15 +39,15 @@ import torch
 
 from .. import deepseek_v4
 from ..config import Settings
-from ..deployment import LAYER_TEMPLATES
+from ..build.deployment import LAYER_TEMPLATES
 from ..errors import CaptureError
-from ..resolution import capturing
+from ..build.resolve import capturing
 from ..spec import STANDARD_MAX_TOKENS, bucket_for
 from ..deepseek_v4 import HEAD_DIM, Q_LORA, STREAMS
 from ..templates import get
 from ..templates.geometry import CTAS, KV_RECORD, PEERS
-from ..templates.k2.addressing import RECORD_CHUNK
-from ..templates.k2.layout import STATE_TABLE, WEIGHT_TABLE
+from ..templates.k2.attention_addressing import RECORD_CHUNK
+from ..templates.k2.attention_layout import STATE_TABLE, WEIGHT_TABLE
 from ..templates.k2.moe_layout import TOPK
 from .agree import agree
 from .backends import Backend, Kernel, backend as make_backend

@@ -1,4 +1,4 @@
-"""K2's two address tables (templates/k2/layout.py WEIGHT_TABLE and STATE_TABLE), as int64 lists.
+"""K2's two address tables (templates/k2/attention_layout.py WEIGHT_TABLE and STATE_TABLE), as int64 lists.
 
 K2 reads its weights and the runner's buffers through tables of addresses, so that each is
 live in registers only in the stage that reads it (the K2 package docstring). The weights table
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..templates.k2.layout import STATE_TABLE, WEIGHT_TABLE
+from ..templates.k2.attention_layout import STATE_TABLE, WEIGHT_TABLE
 from .weights import MonoLayerWeights
 
 Entry = torch.Tensor | int

@@ -24,7 +24,7 @@ from ..errors import MonoJitError
 from ..deepseek_v4 import HEAD_DIM, KV_LORA, MIXES, Q_LORA
 from ..templates.geometry import MX_BLOCK as MX  # a 32 x 32 scale block, as vLLM's _mx_scales makes them
 from ..templates.geometry import WEIGHT_BLOCK as CHECKPOINT_BLOCK
-from ..templates.k2.layout import O_LORA
+from ..templates.k2.attention_layout import O_LORA
 
 
 

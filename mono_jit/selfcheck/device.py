@@ -10,7 +10,7 @@ from typing import Any, Mapping
 import torch
 
 from ..runtime.backends import HipBackend, Kernel
-from ..runtime.kernargs import LaunchMeta
+from ..templates.kernargs import LaunchMeta
 from ..spec import Spec
 from ..templates import Template
 

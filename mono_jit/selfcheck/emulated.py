@@ -9,9 +9,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 
 from ..config import Settings
-from ..resolution import resolve
+from ..build.resolve import resolve
 from ..runtime.backends import Backend, EmulatorBackend
-from ..runtime.kernargs import pack
+from ..templates.kernargs import pack
 from ..spec import Spec
 from ..templates import get
 

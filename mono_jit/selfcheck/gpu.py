@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ..cache import Entry, Store
 from ..config import Settings
 from ..errors import MonoJitError
-from ..doctor import Checks
+from ..commands.doctor import Checks
 from ..spec import Spec
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ import torch
 
 from ..runtime.host_memory import HostSharedMemory, host_tensor
 from ..templates.k2 import moe_reference as moe_ref
-from ..templates.k2 import reference as ref
+from ..templates.k2 import attention_reference as ref
 from ..templates.k2.moe_layout import K2MoeLayout
 from ..templates.k2.moe_reference import MoeWeights
 from .k1_world import Mismatch

@@ -17,8 +17,8 @@ from ..templates import get
 from ..templates.geometry import PEERS
 from ..templates.reference_math import mxfp8_dequantize, mxfp8_quantize
 from ..templates.k2 import moe_reference as moe_ref
-from ..templates.k2 import reference as ref
-from ..templates.k2.layout import STATE_TABLE, WEIGHT_TABLE
+from ..templates.k2 import attention_reference as ref
+from ..templates.k2.attention_layout import STATE_TABLE, WEIGHT_TABLE
 from ..templates.k2.moe_layout import K2MoeLayout
 from ..templates.k2.moe_reference import MoeWeights
 from .k2_world import COMP_BLOCK, COMP_STRIDE, KV_GAIN, SWA_BLOCK, SWA_STRIDE, World
@@ -248,7 +248,7 @@ class K2Run:
         the reference fed every rank's own xo codes, k2_ties.py), the gate and x_norm against the
         seam of the kernel's own R. Against the reference's R they are not
         held: R's 1-ulp roundings (from the ranks' partials, each a GEMV in another order) move
-        post by up to 1.8e-3 (the whole K2 on 8 emulated ranks, tests/test_emulated_k2.py)."""
+        post by up to 1.8e-3 (the whole K2 on 8 emulated ranks, tests/emulator/test_emulated_k2.py)."""
         got = self.outputs()
         own = ref.seam_of(got["r"], self.w)
         close = torch.testing.assert_close

@@ -33,7 +33,7 @@ import torch
 
 from ..deepseek_v4 import NOPE
 from ..templates.geometry import MX_BLOCK
-from ..templates.k2 import reference as ref
+from ..templates.k2 import attention_reference as ref
 from ..templates.reference_math import e4m3_value, e8m0_inverse, fold, rope_angles
 from .k1_world import Mismatch
 

@@ -21,9 +21,9 @@ import torch
 from ..deepseek_v4 import EPS, HEAD_DIM, HEADS, HIDDEN as H, NOPE, OUTPUT_GROUPS, ROUTED_EXPERTS, per_rank
 from ..templates.geometry import KV_RECORD
 from ..templates.reference_math import kv_insert, kv_record, preshuffle_16x16, sinkhorn
-from ..templates.k2 import reference as ref
-from ..templates.k2.addressing import GROUP_K
-from ..templates.k2.layout import O_LORA
+from ..templates.k2 import attention_reference as ref
+from ..templates.k2.attention_addressing import GROUP_K
+from ..templates.k2.attention_layout import O_LORA
 from ..templates.k2.moe_reference import MoeWeights
 from .k1_world import rope_table
 

@@ -185,7 +185,7 @@ def table_entry(table, index):
     resource must be uniform: built on the per-lane value of the load, every access through it
     was a waterfall loop (v_readfirstlane_b32 of the descriptor, s_and_saveexec_b64, a
     s_cbranch_execnz back-edge) around each weight and scale load of the GEMVs
-    (tests/test_k2_gates.py gates the ISA)."""
+    (tests/templates/k2/test_k2_gates.py gates the ISA)."""
     entry = fx.Int64(fx.generic_load(fx.get_iter(table) + index, volatile=True))
     return fx.Int64(fx.rocdl.readfirstlane(ir.IntegerType.get_signless(64), entry.ir_value()))
 

@@ -1,7 +1,7 @@
 """The mHC seam as device code (FlyDSL; kernel modules only), one implementation for both
 launches: K1 runs it with hc_attn_* and attn_norm on the previous FFN output, K2 with hc_ffn_*
 and ffn_norm on the all-reduced attention output (reference: reference_math.py fold, seam_gate,
-collapse, rms_norm, mxfp8_quantize; k2/reference.py ffn_seam).
+collapse, rms_norm, mxfp8_quantize; k2/attention_reference.py ffn_seam).
 
 Two halves, as K1's S1 / S2 tables split them (k1/layout.py):
   fold_row   one row of a (row group, 128-column chunk) task: 512 threads = 4 streams x 128

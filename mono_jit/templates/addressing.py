@@ -1,12 +1,12 @@
 """The index arithmetic K1 and K2 share: the scaled MFMA's operand and result lanes, a weight's
 bytes (row-major or preshuffled) and block codes, MXFP8 activation rows, the split-K sum and the
 KV record's bytes. The templates' own task tables are their addressing modules' (k1/addressing.py,
-k2/addressing.py, k2/moe_addressing.py).
+k2/attention_addressing.py, k2/moe_addressing.py).
 
 Every function here uses only + - * // % and comparisons, so the kernel calls it on FlyDSL
 values (it becomes the kernel's address code) and the CPU tests call it on Python ints or torch
 tensors to emulate the GEMV stages element by element and to bound every buffer access
-(tests/test_k1_addressing.py, tests/test_k1_bounds.py, tests/test_k2_addressing.py). Arguments
+(tests/templates/k1/test_k1_addressing.py, tests/templates/k1/test_k1_bounds.py, tests/templates/k2/test_k2_addressing.py). Arguments
 are non-negative, where // and % agree between Python and the DSL's signed ops.
 
 The operand layout of the scaled MFMA v_mfma_scale_f32_16x16x128_f8f6f4 with fp8 operands, as

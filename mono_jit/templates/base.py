@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 from mono_jit.record import Record
 
 from ..errors import KernargError
-from ..resources import Budget
+from ..hsaco.resources import Budget
 from ..spec import Spec
 from . import sources
 

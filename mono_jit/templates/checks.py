@@ -20,7 +20,7 @@ import re
 from typing import Any
 
 from ..errors import TemplateError
-from ..resources import LDS_PER_CU, Budget
+from ..hsaco.resources import LDS_PER_CU, Budget
 from ..spec import SPEC_FIELDS, Spec
 from .base import Argument, Build, LaunchShape, Template
 
@@ -53,7 +53,7 @@ def checked_template(cls: Any, name: str, source: str) -> Template:
     if not isinstance(getattr(cls, "persistent", None), bool):
         raise TemplateError(f"{where}: persistent={cls.persistent!r}: expected True or False")
     if not isinstance(getattr(cls, "budget", None), Budget):
-        raise TemplateError(f"{where}: budget={cls.budget!r}: expected a mono_jit.resources.Budget")
+        raise TemplateError(f"{where}: budget={cls.budget!r}: expected a mono_jit.hsaco.resources.Budget")
     try:
         return cls()
     except TypeError as exc:  # abstract methods left unimplemented
@@ -234,7 +234,7 @@ def match_kernargs(label: str, declared: tuple[Argument, ...], kernel: Any) -> N
     from mono_jit.cache.meta import LaunchDims, StoredArgument
 
     from ..errors import MonoJitError
-    from ..runtime.kernargs import DeclaredMeta, DeclaredTable, layout
+    from .kernargs import DeclaredMeta, DeclaredTable, layout
 
     arguments = tuple(StoredArgument.of(a) for a in declared)
     try:

@@ -8,7 +8,7 @@ only what is its own; DeepSeek-V4's widths are mono_jit/deepseek_v4.py's.
 """
 
 from ..deepseek_v4 import HIDDEN, MAX_DECODE_TOKENS, MIXES
-from ..resources import MI355X_CUS
+from ..hsaco.resources import MI355X_CUS
 
 # -- the persistent launch: every CTA resident, one a CU ---------------------------------------
 CTAS = MI355X_CUS  # 256

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from ..resources import Budget
+from ..hsaco.resources import Budget
 from ..spec import Spec
 from .base import LaunchShape, Template
 from .geometry import CTAS, THREADS

@@ -16,7 +16,7 @@ counter above zero, so the next launch counts more arrivals than CTAs, and its l
 leave (at least) traps (s_trap 2, the HSA trap ABI's llvm.trap: the wave halts and the queue
 is put into its error state, which HIP reports as a failed launch; LLVM AMDGPUUsage, "Trap
 Handler ABI"). A launch that ends normally has read no flag of an earlier launch; one that may
-have, fails. tests/test_k1_protocol.py runs this on a model of the grid.
+have, fails. tests/templates/k1/test_k1_protocol.py runs this on a model of the grid.
 
 Ordering follows the AMDGPU memory model at agent scope: every producer thread fences (release,
 agent) before the CTA barrier after which one thread stores the flag; a consumer spins on

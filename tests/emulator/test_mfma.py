@@ -1,6 +1,6 @@
 """The dense f32 MFMA (emulator/mfma.py) on a known product: A[i, k] = i + 1, B[k, j] = k + 1, so
 D[i, j] = 10 (i + 1), read back from the hardware's result layout (lane 16 g + j holds D[4 g + e, j]
-in its e-th register). The bf16 and scaled forms: test_emulator_machine.py and the micro-kernels."""
+in its e-th register). The bf16 and scaled forms: test_machine.py and the micro-kernels."""
 
 from __future__ import annotations
 

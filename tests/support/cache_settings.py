@@ -35,7 +35,7 @@ def cached_builds(root: Path, key) -> dict:
     """{key(meta.spec): (meta, hsaco, ISA listing)} of every entry in the cache at `root`
     (a session fixture's real gfx950 compiles, for the templates' static gates)."""
     from mono_jit.cache.store import Entry, Store
-    from mono_jit.isa import disassemble, find_objdump
+    from mono_jit.hsaco.isa import disassemble, find_objdump
 
     objdump = find_objdump(Settings())
     builds = {}

@@ -10,7 +10,7 @@ import torch
 from mono_jit.templates.k1 import reference as k1
 from mono_jit.templates import reference_math as rmath
 from mono_jit.templates.k2 import moe_reference as moe
-from mono_jit.templates.k2 import reference as k2
+from mono_jit.templates.k2 import attention_reference as k2
 
 U8 = torch.uint8
 

@@ -1,5 +1,5 @@
 """The scaled-MFMA GEMVs of the persistent kernels emulated on the CPU, MFMA by MFMA, through the
-kernels' own index functions (k1/addressing.py, k2/addressing.py) and an independent model of
+kernels' own index functions (k1/addressing.py, k2/attention_addressing.py) and an independent model of
 the MFMA (tests/support/mfma_model.py): operand bytes gathered from flat buffers at the offsets the
 kernel loads, per-wave accumulators parked in LDS slots as the kernel parks them."""
 

@@ -1,7 +1,7 @@
 """K2 code objects on the emulated gfx950: standalone stage launches (kernel.build(spec, stages),
 compiled in a worker as the gfx950 stage tests compile them) and the whole K2 on 8 emulated
 devices; the MoE weights of a sparse layer (384 experts, a few reachable, the rest torch.empty).
-tests/test_emulated_k2.py uses it."""
+tests/emulator/test_emulated_k2.py uses it."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ from k2_harness import K2Run
 import layer_math
 from mono_jit.config import Settings
 from mono_jit.emulator import CodeObject, Launch, LaunchReport, Machine
-from mono_jit.hsaco import inspect_code_object
+from mono_jit.hsaco.metadata import inspect_code_object
 from mono_jit.runtime.backends import declared_meta
-from mono_jit.runtime.kernargs import DeclaredMeta, DeclaredTable, pack
+from mono_jit.templates.kernargs import DeclaredMeta, DeclaredTable, pack
 from mono_jit.spec import Spec
 from mono_jit.templates import get
 from mono_jit.templates.k2 import moe_reference as moe
-from mono_jit.toolchain import compile_environment, resolve_toolchain
-from mono_jit.workers import WorkerPool
+from mono_jit.build.toolchain import compile_environment, resolve_toolchain
+from mono_jit.build.workers import WorkerPool
 
 EXPERTS = 384
 

@@ -8,5 +8,5 @@ from mono_jit.selfcheck.k2_world import (  # noqa: F401
     COMP_BLOCK, COMP_PAGES, COMP_STRIDE, KV_GAIN, KV_GAIN_BITS, LOCAL, PAD, POISON_COMP, POISON_SWA, POSITIONS,
     SWA_BLOCK, SWA_PAGES, SWA_STRIDE, TP, FullWeights, World, full_weights, paged_cache, random_fp8, scale_codes,
     shard, world)
-from mono_jit.templates.k2.addressing import GROUP_K  # noqa: F401
-from mono_jit.templates.k2.layout import O_LORA  # noqa: F401
+from mono_jit.templates.k2.attention_addressing import GROUP_K  # noqa: F401
+from mono_jit.templates.k2.attention_layout import O_LORA  # noqa: F401

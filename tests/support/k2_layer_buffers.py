@@ -20,7 +20,7 @@ from mono_jit.runtime.tables import weight_table
 from mono_jit.runtime.weights import AttnWeights, MonoLayerWeights
 from mono_jit.selfcheck.k2_run import PEER_WAIT_US, K2Run
 from mono_jit.spec import Spec
-from mono_jit.templates.k2.layout import STATE_TABLE
+from mono_jit.templates.k2.attention_layout import STATE_TABLE
 from mono_jit.templates.k2.moe_layout import K2MoeLayout
 
 H = deepseek_v4.HIDDEN

@@ -170,7 +170,7 @@ def registry_available() -> str | None:
     return None
 
 
-# -- fixtures (imported by the tests/test_remote_*.py modules) ------------------------------------
+# -- fixtures (imported by the tests/cache/oci/ modules) ------------------------------------
 
 import itertools  # noqa: E402
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from mono_jit.cache.meta import EntryMeta
 
-from mono_jit.hsaco import read_metadata
-from mono_jit.kernel_info import KernelInfo
-from mono_jit.resources import LDS_PER_CU
-from mono_jit.runtime.kernargs import DeclaredMeta, DeclaredTable, layout
+from mono_jit.hsaco.metadata import read_metadata
+from mono_jit.hsaco.kernel_info import KernelInfo
+from mono_jit.hsaco.resources import LDS_PER_CU
+from mono_jit.templates.kernargs import DeclaredMeta, DeclaredTable, layout
 from mono_jit.spec import Spec
 from mono_jit.templates import get
 

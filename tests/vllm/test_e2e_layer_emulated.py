@@ -44,7 +44,7 @@ from layer_math import BOUNDS, check_swa_cache, decode_layer, layer_errors
 from mono_jit.selfcheck.k1_world import Mismatch
 from mono_jit.selfcheck.k2_run import partial_from_xo
 from mono_jit.selfcheck.k2_ties import fold_tie_flips
-from mono_jit.templates.k2 import reference as k2
+from mono_jit.templates.k2 import attention_reference as k2
 from mono_jit.templates.reference_math import fold
 
 pytest.importorskip("numba", reason="the emulator needs the emulate extra (numba, tinygrad)")

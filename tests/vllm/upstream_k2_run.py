@@ -23,7 +23,7 @@ from upstream_mono import upstream_parameters, vllm_mono_dir
 
 from mono_jit.cache.meta import EntryMeta
 from mono_jit.emulator import CodeObject, Launch, LaunchReport, Machine
-from mono_jit.runtime.kernargs import pack
+from mono_jit.templates.kernargs import pack
 
 LOG2E = 1.4426950408889634
 

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from mono_jit.resources import Budget
+from mono_jit.hsaco.resources import Budget
 from mono_jit.spec import Spec
 from mono_jit.templates import Argument, LaunchShape, Template
 
@@ -229,7 +229,7 @@ def prebuilt(builds: dict[str, Iterable[Spec]], folder: Path, cache: Path, helpe
     from cache_settings import settings_at
 
     from mono_jit.cache import Store
-    from mono_jit.prebuild import prebuild
+    from mono_jit.build.prebuild import prebuild
     from mono_jit.templates import get, registry
 
     write_plugin(folder, helpers)

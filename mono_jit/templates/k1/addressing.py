@@ -1,7 +1,7 @@
 """K1's task tables: which weight tile, K steps and row each of its stages' tasks and waves take.
 
 Pure + - * // % and comparisons, as the shared addressing (templates/addressing.py): the kernel
-calls these on FlyDSL values, the CPU tests (tests/test_k1_addressing.py, tests/test_k1_bounds.py)
+calls these on FlyDSL values, the CPU tests (tests/templates/k1/test_k1_addressing.py, tests/templates/k1/test_k1_bounds.py)
 on Python ints.
 """
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ...deepseek_v4 import HEAD_DIM, HIDDEN, KV_LORA, Q_LORA, per_rank
-from ...resources import LDS_PER_CU
+from ...hsaco.resources import LDS_PER_CU
 from ...spec import Spec
 from .. import schedule as sched, seam_layout
 from ..geometry import (LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS, MX_BLOCK, PARTIALS, SEAM_CHUNKS, TILE_K,

@@ -45,7 +45,7 @@ from ...spec import Spec
 from ..base import Argument, WorkBuffer
 from ..geometry import PAIR_BYTES, PEERS
 from ..persistent import PersistentTemplate
-from .layout import PIN_LDS_BYTES, STATE_TABLE, WEIGHT_TABLE
+from .attention_layout import PIN_LDS_BYTES, STATE_TABLE, WEIGHT_TABLE
 from .moe_layout import TOPK, K2MoeLayout
 
 

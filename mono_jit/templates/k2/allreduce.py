@@ -10,7 +10,7 @@ gfx950 facts, each from code that runs there:
   (AMDGPUUsage, "Memory Model GFX942": system-scope atomics set SC0 and SC1) and a poll is the
   matching `global_load_dwordx2 ... sc0 sc1`; vLLM 0.33's in-tree mono pushes and polls its
   peer pairs with the same cache policy (mono/common/ops.py CM_SYS = SC0 | SC1, "system scope
-  (peers over XGMI)"; common/sync.py Mailbox.put / poll). tests/test_k2_gates.py checks the
+  (peers over XGMI)"; common/sync.py Mailbox.put / poll). tests/templates/k2/test_k2_gates.py checks the
   instructions in the ISA. The value and its tag land together because the store is one
   8-byte access, so no flag or fence is needed between them.
 - the peer buffers are uncached, fine-grained device memory (runtime/peer.py, as AITER's
@@ -29,8 +29,8 @@ from .._numerics import bf16_pair_f32, bf16_round
 from ..addressing import lds_acc_slot
 from ..geometry import PAIR_BYTES, PEERS, SEAM_CHUNK, THREADS, TILE_N, WAVE, WAVES
 from ..sync_device import trap_if
-from .addressing import wob_pair, wob_pair_target
-from .layout import TICKS_PER_US
+from .attention_addressing import wob_pair, wob_pair_target
+from .attention_layout import TICKS_PER_US
 from .moe_kernel import partial_pair
 
 I32_MASK = 0xFFFFFFFF

@@ -35,8 +35,8 @@ from ...spec import Spec
 from ...deepseek_v4 import STREAMS
 from ..geometry import WEIGHT_BLOCK
 from . import moe_reference as moe
-from . import reference as part_one
-from .layout import O_LORA, STATE_TABLE, WEIGHT_TABLE
+from . import attention_reference as part_one
+from .attention_layout import O_LORA, STATE_TABLE, WEIGHT_TABLE
 from .moe_layout import TOPK, K2MoeLayout
 
 POLL_SECONDS = 600.0  # ranks are processes sharing a few CPU cores: wide skews are normal

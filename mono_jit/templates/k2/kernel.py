@@ -55,13 +55,15 @@ from ..keytable.kernel import key_table_row
 from ..router.kernel import select_top6
 from ..stage_loop import Frame, StageWork, enter, run_stage
 from ..sync_device import leave
-from . import K2Template, addressing as attention_addressing
+from . import K2Template, attention_addressing
 from .moe_addressing import expert_scale_bytes, expert_weight_bytes, w13_tile
 from .moe_kernel import PickRows, act_row, fp4_steps, logits_task, reduce_to_picks, store_down, union_task
 from .allreduce import moe_push, reduce_row, stage_peer_addresses, wob_push
-from .layout import (HEAD_TILE, HEADS_PER_GROUP, LDS_MOE_WORDS, LDS_PEER_WORDS, LDS_Y_WORDS, STATE_TABLE, WEIGHT_TABLE)
+from .attention_layout import (
+    HEAD_TILE, HEADS_PER_GROUP, LDS_MOE_WORDS, LDS_PEER_WORDS, LDS_Y_WORDS, STATE_TABLE, WEIGHT_TABLE,
+)
 from .moe_layout import SCHEDULE, DOWN_TILES, EXPERTS, SHARED_K_PARTS, TOPK, K2MoeLayout
-from .reference import SCALE
+from .attention_reference import SCALE
 
 H = deepseek_v4.HIDDEN
 KEY_STEP = 4  # keys whose loads a S2 lane has in flight together

@@ -1,7 +1,7 @@
 """K2's routed-expert index arithmetic: which bytes of AITER's A8W4 expert weights and scales a
 lane of the scaled MFMA reads. Like templates/addressing.py, plain + - * // % on ints, torch tensors or
 FlyDSL values: the kernel's address code is traced from these functions, and the CPU tests
-(tests/test_k2_moe_addressing.py) emulate an expert's GEMVs through them and the independent
+(tests/templates/k2/test_k2_moe_addressing.py) emulate an expert's GEMVs through them and the independent
 MFMA model (tests/support/mfma_model.py) and bound every offset.
 
 The MFMA (v_mfma_scale_f32_16x16x128_f8f6f4): the fp4 weights are operand A, format code

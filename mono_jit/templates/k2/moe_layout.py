@@ -1,6 +1,6 @@
 """K2 part two's stage decomposition (the MoE), after part one's S1-S8 in the same persistent
 launch: task tables, sync words and what each stage waits for, as plain numbers of a spec (pure
-Python, like layout.py; tests/test_k2_moe_protocol.py runs `program` on 8 ranks x 256 CTAs).
+Python, like layout.py; tests/templates/k2/test_k2_moe_protocol.py runs `program` on 8 ranks x 256 CTAs).
 Semantics: moe_reference.py; device code: moe_kernel.py.
 
   S9  router logits  task = 8 experts (one a wave): each expert's bf16 gate row read once for
@@ -52,8 +52,8 @@ from typing import ClassVar
 from ... import deepseek_v4
 from .. import schedule as sched, seam_layout
 from ..geometry import CTAS, TILE_N
-from .layout import BYTE_REGIONS, F32_REGIONS, I32_REGIONS, WOB_TILES, K2Layout
-from .layout import SCHEDULE as PART_ONE
+from .attention_layout import BYTE_REGIONS, F32_REGIONS, I32_REGIONS, WOB_TILES, K2Layout
+from .attention_layout import SCHEDULE as PART_ONE
 
 EXPERTS = deepseek_v4.ROUTED_EXPERTS  # 384
 TOPK = deepseek_v4.EXPERTS_PER_TOKEN  # 6

@@ -27,7 +27,7 @@ from ..reference_math import e8m0_value, fp8_gemv, mxfp8_dequantize, mxfp8_quant
 from ...deepseek_v4 import STREAMS
 from ..geometry import MX_BLOCK
 from ..router import reference as router
-from . import reference as part_one
+from . import attention_reference as part_one
 
 SWIGLU_LIMIT = 10.0  # config.swiglu_limit (models/deepseek_v4/amd/model.py:608)
 # e2m1 magnitudes by their 3 low bits (1 sign, 2 exponent, 1 mantissa bits; OCP MX): 0, 0.5 (the

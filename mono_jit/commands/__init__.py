@@ -1,0 +1,1 @@
+"""What only the CLI reaches, through api.py: doctor, explain, listing and verify."""
