@@ -9,7 +9,8 @@ the cache, all-or-none across ranks, vLLM's original path when anything is missi
 from __future__ import annotations
 
 from ..config import Settings
-from ..runtime.runner import BLOCKS, MAX_TOKENS, MonoRunner
+from ..runtime.runner import BLOCKS, MonoRunner
+from ..runtime.step import MAX_TOKENS
 from ..runtime.weights import AttnWeights, MonoLayerWeights
 
 __all__ = ["AttnWeights", "BLOCKS", "MAX_TOKENS", "MonoLayerWeights", "MonoRunner"]

@@ -19,7 +19,7 @@ from mono_jit.errors import TemplateError
 from mono_jit.hsaco.metadata import read_metadata
 from mono_jit.runtime.backends import declared_meta
 from mono_jit.templates.kernargs import DeclaredTable, KernargError, layout, pack
-from mono_jit.runtime.runner import pages
+from mono_jit.runtime.step import pages
 from mono_jit.spec import Spec
 from mono_jit.templates import Argument, LaunchShape, Template, checks, get
 
