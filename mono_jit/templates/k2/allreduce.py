@@ -2,7 +2,7 @@
 attention's wo_b partial) and S18 (the MoE's partial) into the peers' buffers, the tagged polls of
 this rank's own buffer, and S7's and S19's all-reduce in rank order (one hop: every rank sums all
 partials; two hops: each column's owner sums and sends the sums back). The buffers' regions and
-offsets are layout.py's (PART, RS, AG); the stages that call these are kernel.py's.
+offsets are attention_layout.py's (PART, RS, AG); the stages that call these are kernel.py's.
 
 gfx950 facts, each from code that runs there:
 - a pair is stored by one atomic 64-bit store at system scope (LLVM syncscope "", monotonic),

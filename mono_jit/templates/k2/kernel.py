@@ -1,6 +1,7 @@
-"""FlyDSL source of K2 (contract in the package docstring, decomposition in layout.py and
+"""FlyDSL source of K2 (contract in the package docstring, decomposition in attention_layout.py and
 moe_layout.py): each stage's work per task (STAGE_WORK), whose loops stage_loop.run_stage runs
-from the schedule table; part two's device code lives in moe_kernel.py.
+from the schedule table; the stages' device code lives in attention_kernel.py (part one)
+and moe_kernel.py (part two).
 
 (No `from __future__ import annotations` here: fx.struct and @flyc.kernel read real annotations.)
 
@@ -30,47 +31,39 @@ cover".
 """
 
 
-import operator
 from dataclasses import replace
 
 import flydsl.expr as fx
 from flydsl.expr import const_expr, gpu, range_constexpr
 
 from ... import deepseek_v4
-from ...deepseek_v4 import HEAD_DIM, MIXES, NOPE, STREAMS
+from ...deepseek_v4 import HEAD_DIM, MIXES, STREAMS
 from ...spec import Spec
-from ..addressing import kv_offsets, mx_code_offset, mx_scale_offset, split_steps
+from ..addressing import mx_code_offset, mx_scale_offset, split_steps
 from .. import schedule as stage_table
-from .._dsl import (butterfly, dsl, flat_view, fresh, fresh_pointer, fresh_scalar, load, load_global, load_scalar,
-                    pointer_code, pointer_load, store, store_scalar, table_entry, table_pointer, typed_view,
-                    word_pointer)
+from .._dsl import (dsl, flat_view, fresh, fresh_pointer, fresh_scalar, load_global, load_scalar,
+                    store_scalar, table_entry, table_pointer, typed_view)
 from .._gemv import Fp8Weight, Mxfp8Rows, gemv_reduce, gemv_steps
-from .._numerics import LOG2E, VEC, bf16_pair_f32, bf16_round, e8m0_scale, fp8x4_to_f32, load8_f32, mx_store, rope8
+from .._numerics import VEC
 from .._seam import fold_row, mix_weights, seam_row
 from ..base import Build
 from ..launch import template_build
 from ..geometry import (CTAS, LDS_ACC_WORDS, LDS_GATE_WORDS, LDS_RED_WORDS, PAIR_BYTES, PARTIALS,
-                        SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, THREADS, TILE_N, WAVE, WAVES)
+                        SEAM_CHUNK, SEAM_CHUNKS, SEAM_GROUP, TILE_N, WAVE, WAVES)
 from ..keytable.kernel import key_table_row
-from ..router.kernel import select_top6
 from ..stage_loop import Frame, StageWork, enter, run_stage
 from ..sync_device import leave
 from . import K2Template, attention_addressing
 from .moe_addressing import expert_scale_bytes, expert_weight_bytes, w13_tile
-from .moe_kernel import PickRows, act_row, fp4_steps, logits_task, reduce_to_picks, store_down, union_task
+from .attention_kernel import attention_task, merge_task, z_quant_row
+from .moe_kernel import PickRows, act_row, fp4_steps, logits_task, reduce_to_picks, store_down, top6_row, union_task
 from .allreduce import moe_push, reduce_row, stage_peer_addresses, wob_push
 from .attention_layout import (
-    HEAD_TILE, HEADS_PER_GROUP, LDS_MOE_WORDS, LDS_PEER_WORDS, LDS_Y_WORDS, STATE_TABLE, WEIGHT_TABLE,
+    HEADS_PER_GROUP, LDS_MOE_WORDS, LDS_PEER_WORDS, LDS_Y_WORDS, STATE_TABLE, WEIGHT_TABLE,
 )
-from .moe_layout import SCHEDULE, DOWN_TILES, EXPERTS, SHARED_K_PARTS, TOPK, K2MoeLayout
-from .attention_reference import SCALE
+from .moe_layout import SCHEDULE, DOWN_TILES, EXPERTS, SHARED_K_PARTS, K2MoeLayout
 
 H = deepseek_v4.HIDDEN
-KEY_STEP = 4  # keys whose loads a S2 lane has in flight together
-# S2: 16 dims a lane; 28 lanes of a head read e4m3
-SLICE, NOPE_SLICES = attention_addressing.SLICE, attention_addressing.NOPE_SLICES
-ML_STRIDE = 2 * HEAD_TILE  # K2Layout.attn_ml_at: words from one S2 task's (max, sum) to the next
-ACC_STRIDE = HEAD_TILE * HEAD_DIM  # K2Layout.attn_acc_at: from one S2 task's accumulators to the next
 
 
 @fx.struct
@@ -81,158 +74,6 @@ class _Shared:
     y: fx.Array[fx.Float32, LDS_Y_WORDS, 16]  # S7: the reduced row's 128 columns
     peers: fx.Array[fx.Int32, LDS_PEER_WORDS, 16]  # every rank's peer-buffer address (low, high words)
     moe: fx.Array[fx.Int32, LDS_MOE_WORDS, 16]  # S11: the union's slots, then the waves' counts
-
-
-# -- S2: the sparse MQA over fp8_ds_mla records -------------------------------------------------
-
-def _key_slice(cache, slot, page_stride, block, s):
-    """Lane slice `s` (16 dims) of the record at `slot` as 16 f32: e4m3 x 2^(code - 127) for
-    s < 28 (one UE8M0 code per 64 dims), the bf16 RoPE dims for s >= 28 (reference_math's
-    kv_dequantize). Every byte read through a 64-bit global address from the cache's base
-    pointer `cache`, the page offset in i64 (`page_stride` is an i64): a cache may pass the
-    2^31 bytes a buffer resource's offsets reach (vLLM 0.33's in-tree mono reads its records
-    through 64-bit addresses for the same reason: attention/back.py key_rec, attention/device.py
-    gload)."""
-    data, scales = kv_offsets(slot, block, page_stride)
-    rope_lane = s >= NOPE_SLICES
-    words = word_pointer(cache + attention_addressing.record_piece(data, s))
-    first = pointer_load(words, 0, 4)
-    second = pointer_load(words, 4, 4)
-    code = pointer_code(cache, attention_addressing.record_code(scales, s))
-    scale = e8m0_scale(code)
-    nope = []
-    for w in range_constexpr(4):
-        nope += fp8x4_to_f32(first[w])
-    rope = []
-    for w in range_constexpr(4):
-        rope += list(bf16_pair_f32(first[w]))
-    for w in range_constexpr(4):
-        rope += list(bf16_pair_f32(second[w]))
-    return [rope_lane.select(rope[i], nope[i] * scale) for i in range_constexpr(SLICE)]
-
-
-def _finite(value):
-    """-inf (a max over nothing) as 0, so 2^(x - max) is 0 rather than NaN."""
-    return (value == float("-inf")).select(0.0, value)
-
-
-@dsl
-def _attend_keys(cache, keys_i32, table_at, page_stride, block, begin, end, q, m_run, l_run, acc, s):
-    """Keys begin .. end - 1 of a row's table (slots at keys_i32[table_at + j]) from one cache
-    (its base pointer), into the running base-2 (max, sum, acc) of this lane's head."""
-    for j0 in range(begin, end, KEY_STEP):
-        scores, values = [], []
-        for u in range_constexpr(KEY_STEP):
-            j = j0 + u
-            live = j < end
-            slot = load_scalar(keys_i32, table_at + fx.min(j, end - 1), fx.Int32)
-            k = _key_slice(cache, slot, page_stride, block, s)
-            dot = q[0] * k[0]
-            for i in range_constexpr(1, SLICE):
-                dot = dot + q[i] * k[i]
-            dot = butterfly(dot, operator.add, range(5))  # the head's 32 lanes
-            scores.append(live.select(dot, float("-inf")))
-            values.append(fx.Vector.from_elements(k, fx.Float32))
-        m_new = m_run
-        for u in range_constexpr(KEY_STEP):
-            m_new = fx.max(m_new, scores[u])
-        m_use = _finite(m_new)
-        alpha = (m_run - m_use).exp2()
-        l_run = l_run * alpha
-        acc = acc * alpha
-        for u in range_constexpr(KEY_STEP):
-            p = (scores[u] - m_use).exp2()
-            l_run = l_run + p
-            acc = acc + values[u] * p
-        m_run = m_new
-    return m_run, l_run, acc
-
-
-@dsl
-def _attention_task(lay, task, q_view, SwaCache, CompCache, i32, f32x4, f32, swa_page_stride, swa_block,
-                    comp_page_stride, comp_block, tid):
-    """S2 task `task` = (row, head tile, key chunk): the chunk's state per head to the scratch."""
-    row, tile, chunk = lay.s2_task(task)
-    h, s = attention_addressing.s2_lane(tid)
-    head = fx.min(tile * HEAD_TILE + h, lay.heads - 1)
-    q_at = attention_addressing.q_chunk(lay, row, head, s)
-    q = []
-    for half in range_constexpr(2):
-        q_part = load(q_view, q_at + half, fx.BFloat16, VEC).to(fx.Float32)
-        q += [q_part[e] * (SCALE * LOG2E) for e in range_constexpr(VEC)]
-    count = load_scalar(i32, lay.key_counts + 2 * row, fx.Int32)
-    swa = load_scalar(i32, lay.key_counts + 2 * row + 1, fx.Int32)
-    begin = chunk * lay.chunk
-    end = fx.min(begin + lay.chunk, count)
-    table_at = lay.key_slots + row * lay.keys
-    m_run, l_run = fx.Float32(float("-inf")), fx.Float32(0.0)
-    acc = fx.Vector.filled(SLICE, 0.0, fx.Float32)
-    m_run, l_run, acc = _attend_keys(fx.get_iter(SwaCache), i32, table_at, swa_page_stride.to(fx.Int64), swa_block,
-                                     begin, fx.min(end, swa), q, m_run, l_run, acc, s)
-    m_run, l_run, acc = _attend_keys(fx.get_iter(CompCache), i32, table_at, comp_page_stride.to(fx.Int64),
-                                     comp_block, fx.max(begin, swa), end, q, m_run, l_run, acc, s)
-    ml_at, acc_at = lay.attn_ml_at(task, 0, h), lay.attn_acc_at(task, h, s * SLICE)
-    if tile * HEAD_TILE + h < lay.heads:
-        if s == 0:
-            store_scalar(f32, ml_at, m_run, fx.Float32)
-            store_scalar(f32, ml_at + HEAD_TILE, l_run, fx.Float32)
-        for v in range_constexpr(SLICE // 4):
-            store(f32x4, acc_at // 4 + v, fx.Vector.from_elements([acc[4 * v + e] for e in range_constexpr(4)],
-                                                                  fx.Float32), fx.Float32, 4)
-
-
-@dsl
-def _merge_task(lay, task, attn_sink, rope, Positions, f32, f32x4, u8x8, u8, lane):
-    """S3 task `task` = (row, head), one wave: the chunks and the sink merged (reference.merge),
-    o in bf16, the inverse RoPE, MXFP8 per 32 into wo_a's operand rows."""
-    row, head = lay.s3_task(task)
-    h = head % HEAD_TILE
-    first = (row * lay.head_tiles + head // HEAD_TILE) * lay.chunks
-    sink2 = pointer_load(attn_sink, head) * LOG2E
-    ml_at = lay.attn_ml_at(first, 0, h)  # chunk c's max at ml_at + c ML_STRIDE, its sum HEAD_TILE on
-    acc_at = lay.attn_acc_at(first, h, lane * VEC)  # its 8 dims at acc_at + c ACC_STRIDE
-    top = sink2
-    for c in range(0, lay.chunks):
-        top = fx.max(top, load_scalar(f32, ml_at + c * ML_STRIDE, fx.Float32))
-    top = _finite(top)
-    denominator = (sink2 - top).exp2()
-    acc = fx.Vector.filled(VEC, 0.0, fx.Float32)
-    for c in range(0, lay.chunks):
-        weight = (load_scalar(f32, ml_at + c * ML_STRIDE, fx.Float32) - top).exp2()
-        denominator = denominator + load_scalar(f32, ml_at + c * ML_STRIDE + HEAD_TILE, fx.Float32) * weight
-        acc = acc + fx.Vector.from_elements(load8_f32(f32x4, acc_at + c * ACC_STRIDE), fx.Float32) * weight
-    live = denominator > 0.0
-    inverse = 1.0 / live.select(denominator, 1.0)
-    o = [live.select(bf16_round(acc[e] * inverse), 0.0) for e in range_constexpr(VEC)]
-    nope_lanes = NOPE // VEC
-    position = load_global(Positions, row).to(fx.Int32)
-    turned = rope8(o, rope, position, fx.max(lane - nope_lanes, 0) * (VEC // 2), inverse=True)
-    o = [(lane >= nope_lanes).select(turned[e], o[e]) for e in range_constexpr(VEC)]
-    mx_store(o, u8x8, u8, *attention_addressing.xo_row(lay, row, head), lane, lane < WAVE)
-
-
-@dsl
-def _z_quant_row(lay, row, f32x4, u8x8, u8, tid):
-    """S5 row `row`: wo_a's two K halves added, bf16, MXFP8 per 32 into wo_b's operand rows."""
-    chunks = lay.o_width // VEC
-    for p in range_constexpr((chunks + THREADS - 1) // THREADS):
-        chunk = tid + p * THREADS
-        valid = chunk < chunks
-        at = valid.select(chunk, 0) * VEC
-        first = load8_f32(f32x4, lay.woa_raw + row * lay.o_width + at)
-        second = load8_f32(f32x4, lay.woa_raw + (lay.rows + row) * lay.o_width + at)
-        z = [bf16_round(first[e] + second[e]) for e in range_constexpr(VEC)]
-        mx_store(z, u8x8, u8, *attention_addressing.z_row(lay, row), valid.select(chunk, 0), valid)
-
-
-@dsl
-def _top6_row(f32, i32, bias, route_ids, logits_at, ids_at, weights_at, row, lane, use_hash):
-    """S10, wave 0: the row's six experts and weights (router/kernel.select_top6) to the scratch."""
-    expert, weight, active = select_top6(lambda e: load_scalar(f32, logits_at + row * EXPERTS + e, fx.Float32), bias,
-                                         route_ids, row, lane, use_hash)
-    if active:
-        store_scalar(i32, ids_at + row * TOPK + lane, expert, fx.Int32)
-        store_scalar(f32, weights_at + row * TOPK + lane, weight, fx.Float32)
 
 
 # -- the stages' work (what a task does; the schedule in layout.py and moe_layout.py says when) ----
@@ -312,17 +153,17 @@ def _s1_key_table(k, task, _row):
 
 
 def _s2_attention(k, task, _row):
-    """S2 task: attention over one key chunk (_attention_task)."""
+    """S2 task: attention over one key chunk (attention_task)."""
     q = typed_view(_state(k, "q", fx.BFloat16), fx.BFloat16, k.lay.rows * k.lay.heads * HEAD_DIM, VEC)
-    _attention_task(k.lay, task, q, k.SwaCache, k.CompCache, k.i32, k.f32x4, k.f32, k.swa_page_stride, k.swa_block,
+    attention_task(k.lay, task, q, k.SwaCache, k.CompCache, k.i32, k.f32x4, k.f32, k.swa_page_stride, k.swa_block,
                     k.comp_page_stride, k.comp_block, k.tid)
 
 
 @dsl
 def _s3_merge(k, task, _row):
-    """S3 task, wave 0: merge, inverse RoPE, MXFP8 (_merge_task)."""
+    """S3 task, wave 0: merge, inverse RoPE, MXFP8 (merge_task)."""
     if k.wave == 0:
-        _merge_task(k.lay, task, _weight(k, "attn_sink", fx.Float32), _weight(k, "rope", fx.Float32), k.Positions,
+        merge_task(k.lay, task, _weight(k, "attn_sink", fx.Float32), _weight(k, "rope", fx.Float32), k.Positions,
                     k.f32, k.f32x4, k.u8x8, k.u8, k.lane)
 
 
@@ -347,8 +188,8 @@ def _s4_woa(k, task, _row):
 
 
 def _s5_z(k, _task, row):
-    """S5 row: z = bf16(wo_a), MXFP8 (_z_quant_row)."""
-    _z_quant_row(k.lay, row, k.f32x4, k.u8x8, k.u8, k.tid)
+    """S5 row: z = bf16(wo_a), MXFP8 (z_quant_row)."""
+    z_quant_row(k.lay, row, k.f32x4, k.u8x8, k.u8, k.tid)
 
 
 def _s6_setup(k: Frame) -> Frame:
@@ -420,13 +261,13 @@ def _s9_logits(k, task, _row):
 
 @dsl
 def _s10_top6(k, _task, row):
-    """S10 row, wave 0: its six experts and weights (_top6_row)."""
+    """S10 row, wave 0: its six experts and weights (top6_row)."""
     lay = k.lay
     if k.wave == 0:
         # a hash layer has no bias: its view holds 0 bytes, so every read is 0 and touches no
         # memory (the table entry may be 0)
         bias = typed_view(_weight(k, "bias", fx.Float32), fx.Float32, (k.use_hash == 0).select(EXPERTS, 0))
-        _top6_row(k.f32, k.i32, bias, flat_view(k.RouteIds), lay.logits, lay.ids, lay.route_weights, row, k.lane,
+        top6_row(k.f32, k.i32, bias, flat_view(k.RouteIds), lay.logits, lay.ids, lay.route_weights, row, k.lane,
                   k.use_hash)
 
 

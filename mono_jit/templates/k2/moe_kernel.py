@@ -31,6 +31,7 @@ from .._dsl import dsl, load, load_code, load_scalar, store_scalar, wave_sum
 from .._gemv import FP4, mfma
 from .._numerics import VEC, bf16_round, load8_f32, mx_store, sigmoid
 from .. import addressing
+from ..router.kernel import select_top6
 from ..geometry import THREADS, TILE_N, WAVE, WAVES
 from . import moe_addressing
 from .moe_reference import SWIGLU_LIMIT
@@ -263,3 +264,13 @@ def partial_pair(f32, i32, ids_at, y_at, shared_at, row, col, live):
         shared = bf16_round(load_scalar(f32, shared_at + row * H + col + d, fx.Float32))
         out.append(live.select(bf16_round(bf16_round(routed[d]) + shared), 0.0))
     return out
+
+
+@dsl
+def top6_row(f32, i32, bias, route_ids, logits_at, ids_at, weights_at, row, lane, use_hash):
+    """S10, wave 0: the row's six experts and weights (router/kernel.select_top6) to the scratch."""
+    expert, weight, active = select_top6(lambda e: load_scalar(f32, logits_at + row * E + e, fx.Float32), bias,
+                                         route_ids, row, lane, use_hash)
+    if active:
+        store_scalar(i32, ids_at + row * TOPK + lane, expert, fx.Int32)
+        store_scalar(f32, weights_at + row * TOPK + lane, weight, fx.Float32)
