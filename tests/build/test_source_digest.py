@@ -115,8 +115,9 @@ def test_a_module_a_template_starts_to_import_enters_its_key_with_no_list_touche
     (copy / "templates/k2/extra_table.py").write_text("ROWS = 4\n")
     layout = copy / "templates/k2/moe_layout.py"
     text = layout.read_text()
-    assert "\nfrom .layout import" in text
-    layout.write_text(text.replace("\nfrom .layout import", "\nfrom . import extra_table\nfrom .layout import", 1))
+    anchor = "\nfrom .attention_layout import"
+    assert anchor in text
+    layout.write_text(text.replace(anchor, "\nfrom . import extra_table" + anchor, 1))
     assert "templates/k2/extra_table.py" in template.sources(copy)
     before = template.source_digest(copy)
     (copy / "templates/k2/extra_table.py").write_text("ROWS = 8\n")
