@@ -18,7 +18,19 @@ import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SKIPPED = (".venv", ".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".mypy_cache")
+SKIPPED = (".venv", ".git", "*.egg-info", "__pycache__", ".pytest_cache", ".mypy_cache")
+SKIPPED_AT_ROOT = ("build", "dist")  # the backend's output folders; mono_jit/build is source
+
+
+def skipped(root: Path):
+    """copytree's ignore for a copy of `root`: SKIPPED anywhere, SKIPPED_AT_ROOT at its top only."""
+    anywhere = shutil.ignore_patterns(*SKIPPED)
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        at_root = set(names) & set(SKIPPED_AT_ROOT) if Path(folder) == root else set()
+        return set(anywhere(folder, names)) | at_root
+
+    return ignore
 
 
 def deprecation(warning: warnings.WarningMessage) -> bool:
@@ -35,7 +47,7 @@ def build_warnings(root: Path) -> list[warnings.WarningMessage]:
 
     with tempfile.TemporaryDirectory() as scratch:
         source, out = Path(scratch) / "source", Path(scratch) / "out"
-        shutil.copytree(root, source, ignore=shutil.ignore_patterns(*SKIPPED))
+        shutil.copytree(root, source, ignore=skipped(root))
         out.mkdir()
         here = os.getcwd()
         os.chdir(source)
