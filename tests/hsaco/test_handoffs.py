@@ -110,3 +110,36 @@ def test_a_scalar_load_of_anything_else_is_reported():
     clobbered_on_a_path = "s_cmp_eq_u32 s2, 0\ns_cbranch_scc1 .Lload\ns_mov_b32 s1, 0\n.Lload:\ns_load_dword s6, s[0:1], 0x0\n"
     assert _scalar(clobbered_on_a_path) == ["its base s[0:1] is not the kernarg pointer on every path"]
     assert _scalar("s_load_dwordx2 s[4:5], s[0:1], 0x3c\n") == ["its offset is not inside the 64-byte kernarg segment"]
+
+
+def test_a_branch_only_an_empty_exec_takes_is_not_a_path():
+    """The compiler's first-lane election after an execz guard: its own execz branch is never
+    taken, so the write-back inside it covers the flag store after it; an ordinary branch around
+    the write-back is a path."""
+    election = """s_cmp_eq_u32 s2, 0
+s_cbranch_execz .Lend
+s_mov_b64 s[8:9], exec
+v_mbcnt_lo_u32_b32 v6, s8, 0
+v_mbcnt_hi_u32_b32 v6, s9, v6
+v_cmp_eq_u32_e32 vcc, 0, v6
+s_and_saveexec_b64 s[10:11], vcc
+s_cbranch_execz .Lskip
+""" + RELEASE + "global_atomic_add v1, v3, s[6:7]\n.Lskip:\n" + FLAG + ".Lend:\n"
+    assert findings(DATA + election) == []
+    assert findings(DATA + election.replace("v_cmp_eq_u32_e32 vcc, 0, v6", "v_cmp_eq_u32_e32 vcc, 1, v6"))[0][0] == "release"
+
+
+def test_each_fence_mutant_of_a_hand_off_is_caught_and_an_idle_fence_is_named():
+    from mono_jit.hsaco.fence_mutants import fence_mutants, idle_fences
+
+    body = DATA + RELEASE + FLAG + RELEASE + POLL + ACQUIRE + READ + "s_endpgm\n"  # the second release is idle
+    hsaco = assemble(body)
+    listing = disassemble(hsaco, find_objdump(Settings()))
+    code = parse_listing(listing)
+    mutants = list(fence_mutants(hsaco, listing))
+    assert [m.instruction for m in mutants] == ["buffer_wbl2 sc1", "s_waitcnt vmcnt(0)"] * 2 + ["buffer_inv sc1"]
+    idle = idle_fences(code)
+    assert [code[i].text for i in idle] == ["buffer_wbl2 sc1", "s_waitcnt vmcnt(0)"]
+    assert sorted(code[i].address for i in idle) == [m.address for m in mutants[2:4]]
+    caught = [bool(check_listing(disassemble(m.hsaco, find_objdump(Settings())))) for m in mutants]
+    assert caught == [True, True, False, False, True]
