@@ -20,18 +20,18 @@ from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 SKIPPED = (".venv", ".git", "*.egg-info", "__pycache__", ".pytest_cache", ".mypy_cache")
-BUILD_OUTPUT = ("build", "dist")  # the backend's own output folders, at the root only (mono_jit/build is source)
+SKIPPED_AT_ROOT = ("build", "dist")  # the backend's output folders; mono_jit/build is source
 
 
-def _skipped(root: Path) -> Callable[[str, list[str]], set[str]]:
-    """What a scratch copy of `root` leaves out of each folder: caches and venvs anywhere, the
-    backend's output only at the root."""
-    caches = shutil.ignore_patterns(*SKIPPED)
+def skipped(root: Path) -> Callable[[str, list[str]], set[str]]:
+    """copytree's ignore for a copy of `root`: SKIPPED anywhere, SKIPPED_AT_ROOT at its top only."""
+    anywhere = shutil.ignore_patterns(*SKIPPED)
 
-    def left_out(folder: str, names: list[str]) -> set[str]:
-        output = {name for name in names if name in BUILD_OUTPUT} if Path(folder) == root else set()
-        return set(caches(folder, names)) | output
-    return left_out
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        at_root = set(names) & set(SKIPPED_AT_ROOT) if Path(folder) == root else set()
+        return set(anywhere(folder, names)) | at_root
+
+    return ignore
 
 
 def deprecation(warning: warnings.WarningMessage) -> bool:
@@ -48,7 +48,7 @@ def build_warnings(root: Path) -> list[warnings.WarningMessage]:
 
     with tempfile.TemporaryDirectory() as scratch:
         source, out = Path(scratch) / "source", Path(scratch) / "out"
-        shutil.copytree(root, source, ignore=_skipped(root))
+        shutil.copytree(root, source, ignore=skipped(root))
         out.mkdir()
         here = os.getcwd()
         os.chdir(source)

@@ -25,11 +25,13 @@ def find_objdump(settings: Settings) -> Path:
     return objdump
 
 
-def disassemble(hsaco: bytes, objdump: Path, mcpu: str = "gfx950") -> str:
+def disassemble(hsaco: bytes, objdump: Path, mcpu: str = "gfx950", window: tuple[int, int] | None = None) -> str:
+    """The code object's llvm-objdump listing; `window` (start, stop) limits it to those addresses."""
+    limits = [f"--start-address={window[0]:#x}", f"--stop-address={window[1]:#x}"] if window else []
     with tempfile.NamedTemporaryFile(suffix=".hsaco") as handle:
         handle.write(hsaco)
         handle.flush()
-        out = subprocess.run([str(objdump), "-d", f"--mcpu={mcpu}", handle.name],
+        out = subprocess.run([str(objdump), "-d", f"--mcpu={mcpu}", *limits, handle.name],
                              capture_output=True, text=True, timeout=120)
     if out.returncode != 0:
         raise ToolchainError(f"{objdump} could not disassemble the code object: {out.stderr.strip()[:300]}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from mono_jit.cache.meta import EntryMeta
 
 from mono_jit.hsaco.metadata import read_metadata
+from mono_jit.hsaco.site_check import check_code_object
 from mono_jit.hsaco.kernel_info import KernelInfo
 from mono_jit.hsaco.resources import LDS_PER_CU
 from mono_jit.templates.kernargs import DeclaredMeta, DeclaredTable, layout
@@ -30,3 +31,10 @@ def assert_fits_the_persistent_grid(template: str, meta: EntryMeta, hsaco: bytes
     assert [a.name for a in meta.arguments] == [a.name for a in get(template).arguments(Spec.from_dict(meta.build_spec))]
     layout(DeclaredMeta(template, meta.arguments, (DeclaredTable(kernel.args),), meta.launch))
     return kernel
+
+
+def assert_handoffs_hold_site_by_site(hsaco: bytes, listing: str) -> None:
+    """Every flag store released, every wait acquired, every scalar load of the kernarg segment
+    (mono_jit/hsaco/site_check.py): each finding names its site and what is missing."""
+    findings = check_code_object(hsaco, listing)
+    assert not findings, "\n".join(map(str, findings))

@@ -11,7 +11,8 @@ import re
 import pytest
 from byte_loads import assert_codes_load_unsigned
 from cache_settings import cached_builds, settings_at
-from persistent_gates import assert_fits_the_persistent_grid
+from fence_mutation import assert_every_needed_fence_is_caught
+from persistent_gates import assert_fits_the_persistent_grid, assert_handoffs_hold_site_by_site
 
 from mono_jit.cache.store import Store
 from mono_jit.config import Settings
@@ -61,6 +62,19 @@ def test_k1_isa_has_the_instructions_the_design_relies_on(k1_builds, rows):
     # Every buffer resource has a real size: none carries FlyDSL's unbounded 0xFFFFFFFF.
     assert not re.search(r"s_mov_b32 s\d+, -1\s", listing)
     assert_codes_load_unsigned(counts)
+
+
+@pytest.mark.parametrize("rows", BUCKETS)
+def test_k1_handoffs_hold_site_by_site(k1_builds, rows):
+    _, hsaco, listing = k1_builds[rows]
+    assert_handoffs_hold_site_by_site(hsaco, listing)
+
+
+def test_k1_site_check_catches_each_needed_fence_removed(k1_builds):
+    """Each agent-scope write-back, the wait after it and each invalidate of the built code
+    object patched to s_nop: the site check reports every one its wave needs."""
+    _, hsaco, listing = k1_builds[8]
+    assert_every_needed_fence_is_caught(hsaco, listing, find_objdump(Settings()))
 
 
 def test_k1_key_reads_only_tp_and_max_tokens():

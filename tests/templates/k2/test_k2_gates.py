@@ -15,7 +15,8 @@ import pytest
 from byte_loads import assert_codes_load_unsigned
 from cache_settings import cached_builds
 from isa_loops import vmcnt_before, waterfall_loops
-from persistent_gates import assert_fits_the_persistent_grid
+from fence_mutation import assert_every_needed_fence_is_caught
+from persistent_gates import assert_fits_the_persistent_grid, assert_handoffs_hold_site_by_site
 
 from mono_jit.config import Settings
 from mono_jit.hsaco.metadata import read_metadata
@@ -128,6 +129,20 @@ def test_k2_routed_gemvs_keep_the_next_steps_loads_in_flight(k2_builds, build):
     assert len(waits) == (14 + 3) * row_tiles
     drained = sum(1 for n in waits if not n)
     assert drained <= 3 * row_tiles, f"{drained} fp4 MFMAs wait for every load: {waits}"
+
+
+@pytest.mark.parametrize("build", BUILDS, ids=_id)
+def test_k2_handoffs_hold_site_by_site(k2_builds, build):
+    _, hsaco, listing = k2_builds[build]
+    assert_handoffs_hold_site_by_site(hsaco, listing)
+
+
+@pytest.mark.parametrize("ratio", RATIOS)
+def test_k2_site_check_catches_each_needed_fence_removed(k2_builds, ratio):
+    """Each agent-scope write-back, the wait after it and each invalidate of the built code
+    object patched to s_nop: the site check reports every one its wave needs."""
+    _, hsaco, listing = k2_builds[(ratio, 8)]
+    assert_every_needed_fence_is_caught(hsaco, listing, find_objdump(Settings()))
 
 
 def test_k2_key_reads_tp_ratio_width_and_max_tokens():
