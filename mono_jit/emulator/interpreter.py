@@ -18,7 +18,8 @@ import numpy as np
 
 from . import ops as O
 from .crosslane import crosslane
-from .decode import F_CLASS, F_NEXT, F_OFFSET, F_OP, F_TARGET
+from . import weak
+from .decode import F_CLASS, F_FLAGS, F_NEXT, F_OFFSET, F_OP, F_TARGET, FLAG_SC0, FLAG_SC1
 from .jit_cache import njit
 from .lds import lds_op
 from .memory import scratch, smem, vmem
@@ -45,7 +46,7 @@ def release_barrier(WS, CTA, c):
 
 
 @njit(cache=True, error_model="numpy")
-def run_wave(P, w, S, V, VF, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, TF):
+def run_wave(P, w, S, V, VF, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, TF, W):
     """Run wave w until it blocks (barrier, sleep, end), faults, or has run QUANTUM instructions."""
     c, d = WS[w, WS_CTA], WS[w, WS_DEVICE]
     i = WS[w, WS_PC]
@@ -102,13 +103,15 @@ def run_wave(P, w, S, V, VF, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL,
                 fault(CTL, FAULT_TRAP, w, i, -1, 0, 0, P[i, F_OFFSET] & 0xFF)
                 WS[w, WS_PC] = i
                 return
-            # S_WAITCNT, S_NOP: every access has completed when its instruction ends
+            if op == O.OP_S_WAITCNT and W[0][weak.O_ON]:
+                weak.wait_vmcnt(W, w, P[i, F_OFFSET])
+            # else S_WAITCNT, S_NOP: every access has completed when its instruction ends
         elif klass == O.SMEM:
-            if smem(P, i, w, S, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, d, op):
+            if smem(P, i, w, S, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, d, op, W):
                 WS[w, WS_PC] = i
                 return
         elif klass == O.BUFFER or klass == O.GLOBAL or klass == O.ATOMIC:
-            if vmem(P, i, w, S, V, T, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, d, ex, op):
+            if vmem(P, i, w, S, V, T, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, d, ex, op, W):
                 WS[w, WS_PC] = i
                 return
         elif klass == O.SCRATCH:
@@ -125,7 +128,12 @@ def run_wave(P, w, S, V, VF, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL,
             if mfma(P, i, w, V, VF, ex, CTL):
                 WS[w, WS_PC] = i
                 return
-        # CACHE (buffer_wbl2 / buffer_inv): memory is sequentially consistent, nothing to write back
+        elif klass == O.CACHE and W[0][weak.O_ON]:
+            if op == O.OP_BUFFER_WBL2:
+                weak.wbl2(W, w, P[i, F_FLAGS] & FLAG_SC1 != 0)
+            else:
+                weak.inv(W, w, P[i, F_FLAGS] & (FLAG_SC0 | FLAG_SC1) != 0)
+        # else CACHE: memory is sequentially consistent, nothing to write back or invalidate
         i = nxt
     WS[w, WS_PC] = i
 
@@ -140,18 +148,20 @@ def all_blocked(WS):
 
 
 @njit(cache=True, error_model="numpy")
-def run(P, S, V, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, budget, external):
+def run(P, S, V, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, budget, external, W):
     """Round-robin over every wave until all end, one faults, none can progress, or `budget`
     wave-instructions ran. A pass in which no wave stored, ended or reached a barrier is idle:
     the emulated clock jumps ahead (so time-bounded waits expire) and parked waves poll again;
     IDLE_ROUNDS idle passes in a row are a deadlock. With `external` writers (another process
     stores into registered memory) an idle pass in which every live wave is parked or at a
     barrier returns IDLE at once and the clock does not jump: the caller waits in wall time and
-    advances the clock by it."""
+    advances the clock by it. `W`: the weak-memory mode's state (`weak.py`); a wave's queued
+    stores complete as it leaves its turn."""
     VF = V.view(np.float32)
     TF = T.view(np.float32)
     waves = WS.shape[0]
     ran = np.int64(0)
+    weak_on = W[0][weak.O_ON] != 0
     while True:
         stores, events = CTL[C_STORES], CTL[C_EVENTS]
         CTL[C_PASSES] += 1
@@ -159,13 +169,17 @@ def run(P, S, V, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, b
         for w in range(waves):
             status = WS[w, WS_STATUS]
             if status == DONE:
+                if weak_on:  # the end of the program leaves stores in flight
+                    weak.end_turn(W, w)
                 continue
             live += 1
             if status == AT_BARRIER or (status == PARKED and WS[w, WS_PARK] == CTL[C_EPOCH]):
                 continue
             WS[w, WS_STATUS] = RUNNING
             before = WS[w, WS_COUNT]
-            run_wave(P, w, S, V, VF, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, TF)
+            run_wave(P, w, S, V, VF, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, TF, W)
+            if weak_on:
+                weak.end_turn(W, w)
             ran += WS[w, WS_COUNT] - before
             if CTL[C_FAULT] != NO_FAULT:
                 return FAULTED
