@@ -154,3 +154,25 @@ def test_sequentially_consistent_mode_reads_the_new_value_of_every_mutant():
 def test_unknown_placement_is_one_line():
     with pytest.raises(ValueError, match="placement 'spread': expected one of round-robin, one-xcd, permuted"):
         WeakMemory(placement="spread")
+
+
+def test_a_wave_reads_its_own_store_before_it_completes():
+    """Program order within a CU: a load after the wave's own store sees it with no s_waitcnt."""
+    body = """  s_load_dwordx2 s[4:5], s[0:1], 0x0
+  s_waitcnt lgkmcnt(0)
+  v_mov_b32 v1, 0
+  global_load_dword v2, v1, s[4:5]
+  s_waitcnt vmcnt(0)
+  v_mov_b32 v3, 9
+  global_store_dword v1, v3, s[4:5]
+  global_load_dword v4, v1, s[4:5]
+  s_waitcnt vmcnt(0)
+  global_store_dword v1, v4, s[4:5] offset:4
+  s_endpgm
+"""
+    memory = torch.zeros(8, dtype=torch.uint8)
+    machine = Machine()
+    machine.weak_memory = WeakMemory(fail=False, flag_first=True)
+    machine.register(memory, "own")
+    report = machine.launch(CodeObject(assemble(body)), (1, 1, 1), (1, 1, 1), struct.pack("<Q", memory.data_ptr()))
+    assert report.stale_report == [] and memory[4] == 9
