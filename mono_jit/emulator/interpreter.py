@@ -9,7 +9,9 @@ branch of the families is named by its operation). Written by hand where the pse
 silent or absent: the scaled MFMA (`mfma_layout.py`), `ds_swizzle` bit-mask mode, `s_waitcnt` /
 `s_nop` (no-ops: every access completes at once), `s_barrier`, `s_sleep` (parks the wave until
 memory changes), `buffer_wbl2` / `buffer_inv` (no-ops in a sequentially consistent memory;
-counted), `s_trap` (fails the launch) and buffer range checks. The arrays: `state.py`.
+counted), `s_trap` (fails the launch) and buffer range checks. In the weak-memory mode
+(`weak.py`) `s_waitcnt vmcnt`, `buffer_wbl2` and `buffer_inv` act on its caches and queues. The
+arrays: `state.py`.
 """
 
 from __future__ import annotations

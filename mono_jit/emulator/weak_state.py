@@ -8,10 +8,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import weak
+from .errors import EmulatorError
 
 XCDS = 8  # MI355X: 8 XCDs, each with its own L2
 CUS_PER_XCD = 32  # and 32 CUs each
 PLACEMENTS = ("round-robin", "one-xcd", "permuted")
+WEAK_LIMIT_BYTES = 2 << 30  # the most the mode's arrays may take for one launch
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,12 @@ def build(options: WeakMemory, allocations: list, uncached: set[int], wave_cta: 
         types.append((weak.UC if a.base in uncached else weak.RW) if tracked else weak.UNTRACKED)
         lines += -(-a.size // weak.LINE) if tracked else 0
     nbytes = max(lines, 1) * weak.LINE
+    l2s, l1s = devices * XCDS, devices * XCDS * CUS_PER_XCD
+    need = nbytes * (2 * l2s + l1s + l1s // 2 + 1 + 24)
+    if need > WEAK_LIMIT_BYTES:
+        raise EmulatorError(f"weak-memory mode: {nbytes} bytes of writable memory registered would need {need >> 20} MiB "
+                            f"of cache arrays; expected at most {WEAK_LIMIT_BYTES >> 20} MiB (register fewer or smaller "
+                            f"writable buffers, or run with sequentially consistent memory)")
     memory = np.zeros(nbytes, np.uint8)
     for a, line in zip(allocations, first):
         if line >= 0:
@@ -75,7 +83,6 @@ def build(options: WeakMemory, allocations: list, uncached: set[int], wave_cta: 
         geo[:, 0] = wave_device * XCDS + xcd_of[wave_cta]
         geo[:, 1] = wave_device * XCDS * CUS_PER_XCD + cu_of[wave_cta]
         geo[:, 2] = geo[:, 1] // 2
-    l2s, l1s = devices * XCDS, devices * XCDS * CUS_PER_XCD
     n = max(lines, 1)
     opt = np.array([1, int(options.fail), int(options.flag_first), 0], np.int64)
     writer = np.zeros((nbytes, 3), np.int64)

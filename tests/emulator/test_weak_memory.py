@@ -176,3 +176,13 @@ def test_a_wave_reads_its_own_store_before_it_completes():
     machine.register(memory, "own")
     report = machine.launch(CodeObject(assemble(body)), (1, 1, 1), (1, 1, 1), struct.pack("<Q", memory.data_ptr()))
     assert report.stale_report == [] and memory[4] == 9
+
+
+def test_too_much_writable_memory_is_refused_in_one_line():
+    from mono_jit.emulator import EmulatorError
+
+    machine = Machine()
+    machine.weak_memory = COUNT
+    machine.register(torch.zeros(8 << 20, dtype=torch.uint8), "big")
+    with pytest.raises(EmulatorError, match="weak-memory mode: 8388608 bytes of writable memory .* expected at most"):
+        machine.launch(CodeObject(assemble("  s_endpgm\n")), (1, 1, 1), (1, 1, 1), b"")
