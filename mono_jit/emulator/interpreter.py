@@ -29,7 +29,7 @@ from .mfma import mfma
 from .operands import exec_of, fault
 from .salu import salu
 from .state import (AT_BARRIER, BUDGET, C_EPOCH, C_EVENTS, C_FAULT, C_IDLE, C_PASSES, C_STORES, CNT_BARRIERS, CNT_IDLE,
-                    CNT_POLLS, DEADLOCKED, DONE, FAULT_TRAP, FAULTED, FINISHED, IDLE, IDLE_ROUNDS, NO_FAULT, PARKED,
+                    CNT_POLLS, DEADLOCKED, DONE, FAULT_TRAP, FAULT_WEAK_FULL, FAULTED, FINISHED, IDLE, IDLE_ROUNDS, NO_FAULT, PARKED,
                     QUANTUM, RUNNING, SCC, VCC, WS_COUNT, WS_CTA, WS_DEVICE, WS_PARK, WS_PC, WS_STATUS)
 from .valu import valu
 
@@ -105,8 +105,10 @@ def run_wave(P, w, S, V, VF, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL,
                 fault(CTL, FAULT_TRAP, w, i, -1, 0, 0, P[i, F_OFFSET] & 0xFF)
                 WS[w, WS_PC] = i
                 return
-            if op == O.OP_S_WAITCNT and W[0][weak.O_ON]:
-                weak.wait_vmcnt(W, w, P[i, F_OFFSET])
+            if op == O.OP_S_WAITCNT and W[0][weak.O_ON] and not weak.wait_vmcnt(W, w, P[i, F_OFFSET]):
+                fault(CTL, FAULT_WEAK_FULL, w, i, -1, 0, 0, 0)
+                WS[w, WS_PC] = i
+                return
             # else S_WAITCNT, S_NOP: every access has completed when its instruction ends
         elif klass == O.SMEM:
             if smem(P, i, w, S, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, d, op, W):
@@ -132,7 +134,10 @@ def run_wave(P, w, S, V, VF, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL,
                 return
         elif klass == O.CACHE and W[0][weak.O_ON]:
             if op == O.OP_BUFFER_WBL2:
-                weak.wbl2(W, w, P[i, F_FLAGS] & FLAG_SC1 != 0)
+                if not weak.wbl2(W, w, P[i, F_FLAGS] & FLAG_SC1 != 0):
+                    fault(CTL, FAULT_WEAK_FULL, w, i, -1, 0, 0, 0)
+                    WS[w, WS_PC] = i
+                    return
             else:
                 weak.inv(W, w, P[i, F_FLAGS] & (FLAG_SC0 | FLAG_SC1) != 0)
         # else CACHE: memory is sequentially consistent, nothing to write back or invalidate
@@ -171,8 +176,9 @@ def run(P, S, V, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, b
         for w in range(waves):
             status = WS[w, WS_STATUS]
             if status == DONE:
-                if weak_on:  # the end of the program leaves stores in flight
-                    weak.end_turn(W, w)
+                if weak_on and not weak.end_turn(W, w):  # the end of the program leaves stores in flight
+                    fault(CTL, FAULT_WEAK_FULL, w, WS[w, WS_PC], -1, 0, 0, 0)
+                    return FAULTED
                 continue
             live += 1
             if status == AT_BARRIER or (status == PARKED and WS[w, WS_PARK] == CTL[C_EPOCH]):
@@ -180,8 +186,8 @@ def run(P, S, V, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, b
             WS[w, WS_STATUS] = RUNNING
             before = WS[w, WS_COUNT]
             run_wave(P, w, S, V, VF, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, TF, W)
-            if weak_on:
-                weak.end_turn(W, w)
+            if weak_on and not weak.end_turn(W, w) and CTL[C_FAULT] == NO_FAULT:
+                fault(CTL, FAULT_WEAK_FULL, w, WS[w, WS_PC], -1, 0, 0, 0)
             ran += WS[w, WS_COUNT] - before
             if CTL[C_FAULT] != NO_FAULT:
                 return FAULTED

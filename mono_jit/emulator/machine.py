@@ -425,6 +425,11 @@ class _State:
                     f"{detail}-byte private segment (the descriptor's private_segment_fixed_size): {at}")
         if kind == state.FAULT_STALE:
             return self.stale_reports()[0]
+        if kind == state.FAULT_WEAK_FULL:
+            options = self.machine.weak_memory
+            return (f"weak-memory mode: the launch touched more than lines={options.lines if options else 0} lines of "
+                    f"writable memory or its caches held more than slots={options.slots if options else 0} lines; "
+                    f"expected fewer (raise WeakMemory's lines / slots): {at}")
         if kind == state.FAULT_EXEC:
             return f"MFMA with a partial EXEC mask ({address & (2**64 - 1):#018x}) is not modelled: {at}"
         return f"operand form not modelled (case {detail}, value {address:#x}): {at}"

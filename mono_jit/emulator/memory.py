@@ -14,7 +14,7 @@ from .numerics import sext32
 from .operands import fault, set64, sval
 from . import weak
 from .state import (C_EPOCH, C_STORES, CNT_READ, CNT_WRITTEN, FAULT_OPERAND, FAULT_PRIVATE, FAULT_READ_ONLY,
-                    FAULT_STALE, FAULT_UNALIGNED, FAULT_UNMAPPED, KIND_BUFFER, KIND_GLOBAL, KIND_SCALAR, M32, N_CLASSES, NO_FAULT,
+                    FAULT_STALE, FAULT_UNALIGNED, FAULT_WEAK_FULL, FAULT_UNMAPPED, KIND_BUFFER, KIND_GLOBAL, KIND_SCALAR, M32, N_CLASSES, NO_FAULT,
                     TICKS_PER_INSTRUCTIONS, WS_POLL, WS_PRIVATE, WS_SCRATCH)
 
 
@@ -162,8 +162,8 @@ def vmem(P, i, w, S, V, T, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, d, ex, op, 
             else:  # GLOBAL_ATOMIC_SMAX
                 new = old if sext32(old) >= sext32(operand) else operand
             store(BUFS, ALLOC, k, address, 4, new)
-            if weak_on:
-                weak.atomic(W, w, i, k, address - ALLOC[k, 0], 4, new)
+            if weak_on and not weak.atomic(W, BUFS, ALLOC, w, i, k, address - ALLOC[k, 0], 4, new):
+                return fault(CTL, FAULT_WEAK_FULL, w, i, lane, address, 4, 0)
             if flags & FLAG_SC0:  # returns the old value
                 V[w, dst, lane] = old
             ABYTES[k, 2 * kind] += 4
@@ -203,9 +203,11 @@ def vmem(P, i, w, S, V, T, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, d, ex, op, 
             for part in range(parts):
                 value = np.int64(V[w, data + part, lane])
                 for byte in range(size):
+                    # the weak mode first copies a line it meets for the first time: before the store
+                    if weak_on and not weak.store_byte(W, BUFS, ALLOC, w, i, k, off + 4 * part + byte,
+                                                       value >> (8 * byte) & 0xFF, sc1):
+                        return fault(CTL, FAULT_WEAK_FULL, w, i, lane, address, nbytes, 0)
                     mem[off + 4 * part + byte] = value >> (8 * byte) & 0xFF
-                    if weak_on:
-                        weak.store_byte(W, w, i, k, off + 4 * part + byte, value >> (8 * byte) & 0xFF, sc1)
             ABYTES[k, 2 * kind + 1] += size * parts
             CNT[d, CNT_WRITTEN] += size * parts
             stored = True
@@ -218,7 +220,9 @@ def vmem(P, i, w, S, V, T, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, d, ex, op, 
             if size > 2:
                 v |= np.int64(mem[at + 2]) << 16 | np.int64(mem[at + 3]) << 24
             if weak_on:
-                v = weak.load(W, w, i, k, at, size, v, sc1, False)
+                v = weak.load(W, BUFS, ALLOC, w, i, k, at, size, v, sc1, False)
+                if v == weak.FULL:
+                    return fault(CTL, FAULT_WEAK_FULL, w, i, lane, address + 4 * part, size, 0)
                 if W[0][weak.O_FAIL] and W[0][weak.O_COUNT]:
                     return fault(CTL, FAULT_STALE, w, i, lane, address + 4 * part, size, 0)
             if signed:
@@ -303,7 +307,9 @@ def smem(P, i, w, S, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, d, op, W):
     for part in range(n):
         v = load(BUFS, ALLOC, k, address + 4 * part, 4)
         if W[0][weak.O_ON]:
-            v = weak.load(W, w, i, k, address + 4 * part - ALLOC[k, 0], 4, v, False, True)
+            v = weak.load(W, BUFS, ALLOC, w, i, k, address + 4 * part - ALLOC[k, 0], 4, v, False, True)
+            if v == weak.FULL:
+                return fault(CTL, FAULT_WEAK_FULL, w, i, -1, address + 4 * part, 4, 0)
             if W[0][weak.O_FAIL] and W[0][weak.O_COUNT]:
                 return fault(CTL, FAULT_STALE, w, i, -1, address + 4 * part, 4, 0)
         S[w, dst + part] = v

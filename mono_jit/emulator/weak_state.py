@@ -8,12 +8,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import weak
-from .errors import EmulatorError
 
 XCDS = 8  # MI355X: 8 XCDs, each with its own L2
 CUS_PER_XCD = 32  # and 32 CUs each
 PLACEMENTS = ("round-robin", "one-xcd", "permuted")
-WEAK_LIMIT_BYTES = 2 << 30  # the most the mode's arrays may take for one launch
 
 
 @dataclass(frozen=True)
@@ -21,16 +19,22 @@ class WeakMemory:
     """Options of the weak-memory mode. `placement`: workgroup i on XCD i mod 8 (as the
     dispatcher typically places them), all on XCD 0, or a permutation drawn from `seed`.
     `fail`: a stale read fails the launch; else stale reads are counted and listed.
-    `flag_first`: a wave's later stores complete before its earlier ones."""
+    `flag_first`: a wave's later stores complete before its earlier ones. `lines`: the most
+    128-byte lines of writable memory a launch may touch; `slots`: the most lines all its caches
+    may hold together (the arrays are sized by them: about 1.6 KiB a line, 0.3 KiB a slot)."""
 
     placement: str = "round-robin"
     seed: int = 0
     fail: bool = True
     flag_first: bool = False
+    lines: int = 1 << 14
+    slots: int = 1 << 17
 
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement {self.placement!r}: expected one of {', '.join(PLACEMENTS)}")
+        if self.lines < 1 or self.slots < 1:
+            raise ValueError(f"lines={self.lines}, slots={self.slots}: expected positive counts")
 
 
 def _xcds(workgroups: int, options: WeakMemory) -> np.ndarray:
@@ -44,11 +48,21 @@ def _xcds(workgroups: int, options: WeakMemory) -> np.ndarray:
 
 def off_state(waves: int) -> tuple:
     """The tuple the interpreter takes when the mode is off (O_ON is 0; nothing else is read)."""
-    tiny8, tiny64 = np.zeros((1, 1), np.uint8), np.zeros((1, 1), np.int64)
-    return (np.zeros(weak.OPT_FIELDS, np.int64), np.zeros((max(waves, 1), 3), np.int64), np.zeros(1, np.int64),
-            np.zeros(1, np.uint8), tiny8, tiny8, tiny64, tiny8, tiny64, np.zeros(1, np.int64),
-            np.zeros((1, 3), np.int64), np.zeros((1, 1, 4), np.int64), np.zeros((1, 3), np.int64),
-            np.zeros((1, weak.REP_FIELDS), np.int64), tiny8, tiny64)
+    return _arrays(np.zeros(weak.OPT_FIELDS, np.int64), np.zeros((max(waves, 1), 3), np.int64), [-1], [weak.UNTRACKED],
+                   1, 1, 1, 1, 1, 1, 1)
+
+
+def _arrays(opt: np.ndarray, geo: np.ndarray, first: list[int], types: list[int], all_lines: int, lines: int,
+            slots: int, l2s: int, l1s: int, scalar_caches: int, waves: int) -> tuple:
+    writer = np.zeros((lines * weak.LINE, 3), np.int32)
+    writer[:, :2] = -1
+    return (opt, geo, np.array(first, np.int64), np.zeros(lines * weak.LINE, np.uint8),
+            np.zeros((slots, weak.LINE), np.uint8), np.zeros((slots, weak.LINE), np.uint8), np.zeros(slots, np.int64),
+            np.full((l2s, lines), weak.ABSENT, np.int32), np.full((l1s, lines), weak.ABSENT, np.int32),
+            np.array(types, np.int64), writer, np.zeros((waves, weak.QCAP if opt[weak.O_ON] else 1, 4), np.int64),
+            np.zeros((waves, 3), np.int64), np.zeros((weak.REPORTS, weak.REP_FIELDS), np.int64),
+            np.full((scalar_caches, lines), weak.ABSENT, np.int32), np.full(all_lines, -1, np.int64),
+            np.arange(slots, dtype=np.int64))
 
 
 def build(options: WeakMemory, allocations: list, uncached: set[int], wave_cta: np.ndarray, wave_device: np.ndarray,
@@ -61,39 +75,23 @@ def build(options: WeakMemory, allocations: list, uncached: set[int], wave_cta: 
         first.append(lines if tracked else -1)
         types.append((weak.UC if a.base in uncached else weak.RW) if tracked else weak.UNTRACKED)
         lines += -(-a.size // weak.LINE) if tracked else 0
-    nbytes = max(lines, 1) * weak.LINE
-    l2s, l1s = devices * XCDS, devices * XCDS * CUS_PER_XCD
-    need = nbytes * (2 * l2s + l1s + l1s // 2 + 1 + 24)
-    if need > WEAK_LIMIT_BYTES:
-        raise EmulatorError(f"weak-memory mode: {nbytes} bytes of writable memory registered would need {need >> 20} MiB "
-                            f"of cache arrays; expected at most {WEAK_LIMIT_BYTES >> 20} MiB (register fewer or smaller "
-                            f"writable buffers, or run with sequentially consistent memory)")
-    memory = np.zeros(nbytes, np.uint8)
-    for a, line in zip(allocations, first):
-        if line >= 0:
-            memory[line * weak.LINE:line * weak.LINE + a.size] = a.view
     ctas = int(wave_cta.max()) + 1 if len(wave_cta) else 1
     xcd_of = _xcds(ctas, options)
     cu_of = np.zeros(ctas, np.int64)
     for x in range(XCDS):  # the workgroups of an XCD take its CUs in turn
         on = np.flatnonzero(xcd_of == x)
         cu_of[on] = x * CUS_PER_XCD + np.arange(len(on)) % CUS_PER_XCD
-    geo = np.zeros((max(len(wave_cta), 1), 3), np.int64)
+    waves = max(len(wave_cta), 1)
+    geo = np.zeros((waves, 3), np.int64)
     if len(wave_cta):
         geo[:, 0] = wave_device * XCDS + xcd_of[wave_cta]
         geo[:, 1] = wave_device * XCDS * CUS_PER_XCD + cu_of[wave_cta]
         geo[:, 2] = geo[:, 1] // 2
-    n = max(lines, 1)
-    opt = np.array([1, int(options.fail), int(options.flag_first), 0], np.int64)
-    writer = np.zeros((nbytes, 3), np.int64)
-    writer[:, :2] = -1
-    return (opt, geo, np.array(first or [-1], np.int64), memory,
-            np.zeros((l2s, nbytes), np.uint8), np.zeros((l2s, nbytes), np.uint8), np.full((l2s, n), weak.ABSENT, np.int64),
-            np.zeros((l1s, nbytes), np.uint8), np.full((l1s, n), weak.ABSENT, np.int64),
-            np.array(types or [weak.UNTRACKED], np.int64), writer,
-            np.zeros((geo.shape[0], weak.QCAP, 4), np.int64), np.zeros((geo.shape[0], 3), np.int64),
-            np.zeros((weak.REPORTS, weak.REP_FIELDS), np.int64),
-            np.zeros((l1s // 2, nbytes), np.uint8), np.full((l1s // 2, n), weak.ABSENT, np.int64))
+    opt = np.zeros(weak.OPT_FIELDS, np.int64)
+    opt[[weak.O_ON, weak.O_FAIL, weak.O_FLAG_FIRST, weak.O_FREE]] = (1, options.fail, options.flag_first, options.slots)
+    l1s = devices * XCDS * CUS_PER_XCD
+    return _arrays(opt, geo, first or [-1], types or [weak.UNTRACKED], max(lines, 1), min(options.lines, max(lines, 1)),
+                   options.slots, devices * XCDS, l1s, l1s // 2, waves)
 
 
 def describe(rep: np.ndarray, who, pc_of, allocation_name) -> str:

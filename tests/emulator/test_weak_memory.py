@@ -178,11 +178,6 @@ def test_a_wave_reads_its_own_store_before_it_completes():
     assert report.stale_report == [] and memory[4] == 9
 
 
-def test_too_much_writable_memory_is_refused_in_one_line():
-    from mono_jit.emulator import EmulatorError
-
-    machine = Machine()
-    machine.weak_memory = COUNT
-    machine.register(torch.zeros(8 << 20, dtype=torch.uint8), "big")
-    with pytest.raises(EmulatorError, match="weak-memory mode: 8388608 bytes of writable memory .* expected at most"):
-        machine.launch(CodeObject(assemble("  s_endpgm\n")), (1, 1, 1), (1, 1, 1), b"")
+def test_a_launch_past_the_line_budget_fails_in_one_line():
+    with pytest.raises(EmulatorFault, match="weak-memory mode: the launch touched more than lines=2 lines"):
+        _run(FULL, WeakMemory(fail=False, lines=2))
