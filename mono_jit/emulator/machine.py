@@ -427,9 +427,10 @@ class _State:
             return self.stale_reports()[0]
         if kind == state.FAULT_WEAK_FULL:
             options = self.machine.weak_memory
-            return (f"weak-memory mode: the launch touched more than lines={options.lines if options else 0} lines of "
-                    f"writable memory or its caches held more than slots={options.slots if options else 0} lines; "
-                    f"expected fewer (raise WeakMemory's lines / slots): {at}")
+            lines = int(self.W[weak.W_OPT][weak.O_LINES]) * weak.LINE >= len(self.W[weak.W_MEM])
+            budget = f"lines={options.lines if options else 0} lines of writable memory touched" if lines else \
+                f"slots={options.slots if options else 0} lines held by its caches"
+            return f"weak-memory mode: the launch needs more than {budget}; expected fewer (raise WeakMemory's): {at}"
         if kind == state.FAULT_EXEC:
             return f"MFMA with a partial EXEC mask ({address & (2**64 - 1):#018x}) is not modelled: {at}"
         return f"operand form not modelled (case {detail}, value {address:#x}): {at}"

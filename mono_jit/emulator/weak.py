@@ -18,6 +18,8 @@ per-byte arrays are indexed by it, so only the memory a launch reaches costs any
   Q int64 [waves, QCAP, 4]: the wave's incomplete stores (a byte each) and write-backs, a ring;
   QN int64 [waves, 3]: ring head, length, vector memory instructions issued.
   REP int64 [REPORTS, REP_FIELDS]: the first stale reads.
+  RING int32 [L1s + scalar caches, L1_LINES]: the lines each L1 (then each scalar cache) holds,
+  oldest first from RN int64 [same, 2] (head, count): a full cache gives up its oldest line.
 
 The rules read LLVM AMDGPUUsage "Memory Model GFX942" (gfx950 follows it) operationally; each
 names its table row. What is not modelled: docs/emulator.md "Weak memory".
@@ -44,7 +46,11 @@ REPORTS = 64
 REP_FIELDS = 12
 # The state tuple's members.
 (W_OPT, W_GEO, W_LB, W_MEM, W_SD, W_SM, W_SF, W_L2, W_L1, W_LT, W_WR, W_Q, W_QN, W_REP, W_K, W_LINES,
- W_FREE) = range(17)
+ W_FREE, W_RING, W_RN) = range(19)
+# Lines a vector L1 (32 KiB) and a scalar cache (16 KiB) hold: CDNA3 white paper's sizes, which
+# CDNA4 keeps (an inference: AMD does not restate them). Replacement is oldest first here; the
+# hardware's policy is not modelled, and dropping a clean line is always allowed.
+L1_LINES, K_LINES = 256, 128
 WHERE_QUEUED, WHERE_DIRTY, WHERE_FILLED = range(3)
 SRC_MEMORY, SRC_L2, SRC_L1, SRC_SCALAR = range(4)
 FULL = -1  # line_of / take_slot: the mode's arrays are full
@@ -102,12 +108,25 @@ def fill_l2(W, x, ln, row):
 
 @njit(cache=True)
 def copy_line(W, cache, holder, ln, source, row):
-    """Fill an L1 or scalar-cache line from L2 slot `source`; False when no slot is free."""
+    """Fill an L1 or scalar-cache line from L2 slot `source`, giving up the cache's oldest line
+    when it is full; False when no slot is free."""
+    RING, RN, MAP = W[W_RING], W[W_RN], W[cache]
+    r, cap = holder, L1_LINES
+    if cache == W_K:
+        r, cap = W[W_L1].shape[0] + holder, K_LINES
+    if RN[r, 1] == cap:
+        old = RING[r, RN[r, 0]]
+        give_slot(W, MAP[holder, old])
+        MAP[holder, old] = ABSENT
+        RN[r, 0] = (RN[r, 0] + 1) % cap
+        RN[r, 1] -= 1
     s = take_slot(W, row)
     if s < 0:
         return False
     W[W_SD][s, :] = W[W_SD][source, :]
-    W[cache][holder, ln] = s
+    MAP[holder, ln] = s
+    RING[r, (RN[r, 0] + RN[r, 1]) % cap] = ln
+    RN[r, 1] += 1
     return True
 
 
@@ -124,14 +143,21 @@ def write_back(W, x, ln):
 
 @njit(cache=True)
 def probe(W, keep, ln):
-    """A write reached memory: every other L2 drops the line, writing back its dirty bytes first
-    (AMDGPUUsage GFX942: "writes from other L2s' CUs probe local lines"; RW lines "will never be
-    stale in L2 due to the memory probes")."""
-    L2 = W[W_L2]
+    """A write from L2 `keep` reached memory: every other L2 drops the line, writing back its
+    dirty bytes first (AMDGPUUsage GFX942: "writes from other L2s' CUs probe local lines"; RW
+    lines "will never be stale in L2 due to the memory probes"). That write-back is itself a
+    write from another L2, so the keeper's copy takes those bytes too."""
+    L2, MEM, SD, SM = W[W_L2], W[W_MEM], W[W_SD], W[W_SM]
+    kept = L2[keep, ln] if keep >= 0 else ABSENT
     for x in range(L2.shape[0]):
         if x != keep and L2[x, ln] != ABSENT:
-            write_back(W, x, ln)
-            give_slot(W, L2[x, ln])
+            s = L2[x, ln]
+            for j in range(LINE):
+                if SM[s, j]:
+                    MEM[ln * LINE + j] = SD[s, j]
+                    if kept != ABSENT and not SM[kept, j]:
+                        SD[kept, j] = SD[s, j]
+            give_slot(W, s)
             L2[x, ln] = ABSENT
 
 
@@ -264,11 +290,12 @@ def inv(W, w, scoped):
     """buffer_inv sc0 / sc1 / sc0 sc1 drops this CU's vector L1 (table row "fence acquire"); NC
     lines, which sc1 also drops, are not modelled (every tracked line is RW or UC)."""
     if scoped:
-        L1, cu = W[W_L1], W[W_GEO][w, 1]
-        for ln in range(W[W_OPT][O_LINES]):
-            if L1[cu, ln] != ABSENT:
-                give_slot(W, L1[cu, ln])
-                L1[cu, ln] = ABSENT
+        L1, RING, RN, cu = W[W_L1], W[W_RING], W[W_RN], W[W_GEO][w, 1]
+        for j in range(RN[cu, 1]):
+            ln = RING[cu, (RN[cu, 0] + j) % L1_LINES]
+            give_slot(W, L1[cu, ln])
+            L1[cu, ln] = ABSENT
+        RN[cu, 0], RN[cu, 1] = 0, 0
 
 
 @njit(cache=True)
@@ -314,21 +341,20 @@ def load(W, BUFS, ALLOC, w, row, k, off, size, latest, sc1, scalar):
     memory, filling both ("load monotonic" workgroup / agent rows); sc1 loads skip L1 and may hit
     an RW line in L2 (probes keep it fresh); scalar loads: the CU pair's scalar cache, which no
     memory-model sequence invalidates (the CP does between launches); UC lines are read at
-    memory. A dword never crosses a line (loads are dword-aligned or narrower)."""
+    memory."""
     GEO, MEM, SD, SM, SF, L2, L1, K, LT, WR = (W[W_GEO], W[W_MEM], W[W_SD], W[W_SM], W[W_SF], W[W_L2], W[W_L1],
                                                W[W_K], W[W_LT], W[W_WR])
     if LT[k] == UNTRACKED:
         return latest
     x, cu, kc = GEO[w, 0], GEO[w, 1], GEO[w, 2]
-    ln = line_of(W, BUFS, ALLOC, k, off)
-    if ln < 0:
-        return FULL
-    b0 = ln * LINE + (off & (LINE - 1))
     got = np.int64(0)
-    stale = -1
+    stale, b_stale, ln_stale = -1, 0, 0
     source, fill = SRC_MEMORY, PRELAUNCH
-    for j in range(size):
-        b = b0 + j
+    for j in range(size):  # byte by byte: an unaligned access may cross a line
+        ln = line_of(W, BUFS, ALLOC, k, off + j)
+        if ln < 0:
+            return FULL
+        b = ln * LINE + ((off + j) & (LINE - 1))
         want = latest >> (8 * j) & 0xFF
         writer = WR[b, 0]
         if writer >= 0 and GEO[writer, 1] == cu:
@@ -355,9 +381,9 @@ def load(W, BUFS, ALLOC, w, row, k, off, size, latest, sc1, scalar):
         # A coherent read (sc1, UC) of a byte whose latest store is still queued is early, not
         # stale: that is what a poll is for. Any other difference is stale.
         if v != want and stale < 0 and not (WR[b, 2] > 0 and (sc1 or LT[k] == UC)):
-            stale = j
+            stale, b_stale, ln_stale = j, b, ln
     if stale >= 0:
-        b = b0 + stale
+        b, ln = b_stale, ln_stale
         if WR[b, 2] > 0:
             report(W, w, row, k, off, got, latest, b, WHERE_QUEUED, WR[b, 0], fill, source)
         else:

@@ -21,14 +21,14 @@ class WeakMemory:
     `fail`: a stale read fails the launch; else stale reads are counted and listed.
     `flag_first`: a wave's later stores complete before its earlier ones. `lines`: the most
     128-byte lines of writable memory a launch may touch; `slots`: the most lines all its caches
-    may hold together (the arrays are sized by them: about 1.6 KiB a line, 0.3 KiB a slot)."""
+    may hold together (the arrays are sized by them: about 3 KiB a line, 0.25 KiB a slot)."""
 
     placement: str = "round-robin"
     seed: int = 0
     fail: bool = True
     flag_first: bool = False
-    lines: int = 1 << 14
-    slots: int = 1 << 17
+    lines: int = 1 << 16
+    slots: int = 1 << 18
 
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:
@@ -62,7 +62,8 @@ def _arrays(opt: np.ndarray, geo: np.ndarray, first: list[int], types: list[int]
             np.array(types, np.int64), writer, np.zeros((waves, weak.QCAP if opt[weak.O_ON] else 1, 4), np.int64),
             np.zeros((waves, 3), np.int64), np.zeros((weak.REPORTS, weak.REP_FIELDS), np.int64),
             np.full((scalar_caches, lines), weak.ABSENT, np.int32), np.full(all_lines, -1, np.int64),
-            np.arange(slots, dtype=np.int64))
+            np.arange(slots, dtype=np.int64), np.zeros((l1s + scalar_caches, weak.L1_LINES), np.int32),
+            np.zeros((l1s + scalar_caches, 2), np.int64))
 
 
 def build(options: WeakMemory, allocations: list, uncached: set[int], wave_cta: np.ndarray, wave_device: np.ndarray,

@@ -179,5 +179,45 @@ def test_a_wave_reads_its_own_store_before_it_completes():
 
 
 def test_a_launch_past_the_line_budget_fails_in_one_line():
-    with pytest.raises(EmulatorFault, match="weak-memory mode: the launch touched more than lines=2 lines"):
+    with pytest.raises(EmulatorFault, match="weak-memory mode: the launch needs more than lines=2 lines of writable memory touched"):
         _run(FULL, WeakMemory(fail=False, lines=2))
+
+
+def test_an_unaligned_load_across_two_lines_reads_both():
+    """A ushort at byte 127 takes its bytes from two lines (numbered apart: the flag's line is met
+    between them)."""
+    across = dict(FULL, data_bits=" offset:124\n  global_store_dword v1, v3, s[4:5] offset:128",
+                  read="global_load_ushort v4, v1, s[4:5] offset:127\n  s_waitcnt vmcnt(0)")
+    assert _run(across, COUNT) == (NEW << 8, [])
+
+
+def test_a_write_back_forced_by_a_probe_reaches_the_prober_copy():
+    """XCD 1 holds a dirty byte of a line; XCD 0, holding the line clean, writes it back with a
+    byte of its own: the probe writes XCD 1's byte back and XCD 0's copy must show it."""
+    from dataclasses import dataclass
+
+    import numpy as np
+    from numba import typed
+
+    from mono_jit.emulator import weak, weak_state
+
+    @dataclass
+    class Buffer:
+        base: int
+        size: int
+        view: np.ndarray
+        writable: bool = True
+        weight: bool = False
+
+    view = np.zeros(128, np.uint8)
+    W = weak_state.build(COUNT, [Buffer(0x1000, 128, view)], set(), np.array([0, 1]), np.array([0, 0]), 1)
+    bufs, alloc = typed.List([view]), np.array([[0x1000, 128, 1, 0]], np.int64)
+    assert weak.load(W, bufs, alloc, 0, 0, 0, 0, 4, 0, True, False) == 0  # XCD 0 holds the line, clean
+    weak.issue(W, 1)
+    assert weak.store_byte(W, bufs, alloc, 1, 5, 0, 1, 0xAB, False) and weak.wait_vmcnt(W, 1, 0)  # dirty in XCD 1
+    weak.issue(W, 0)
+    assert weak.store_byte(W, bufs, alloc, 0, 6, 0, 0, 0xCD, False) and weak.wbl2(W, 0, True)
+    assert weak.wait_vmcnt(W, 0, 0)  # XCD 0 writes back and probes XCD 1
+    view[1], view[0] = 0xAB, 0xCD  # the latest bytes, as the interpreter keeps them
+    assert weak.load(W, bufs, alloc, 0, 7, 0, 0, 2, 0xABCD, True, False) == 0xABCD
+    assert W[0][weak.O_COUNT] == 0
