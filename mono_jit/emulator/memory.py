@@ -200,13 +200,12 @@ def vmem(P, i, w, S, V, T, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, d, ex, op, 
         if storing:
             if not ALLOC[k, 2] & 1:
                 return fault(CTL, FAULT_READ_ONLY, w, i, lane, address, nbytes, 0)
+            # the weak mode copies a line it meets for the first time: before the store
+            if weak_on and not weak.store_lane(W, BUFS, ALLOC, V, w, i, k, off, data, parts, size, lane, sc1):
+                return fault(CTL, FAULT_WEAK_FULL, w, i, lane, address, nbytes, 0)
             for part in range(parts):
                 value = np.int64(V[w, data + part, lane])
                 for byte in range(size):
-                    # the weak mode first copies a line it meets for the first time: before the store
-                    if weak_on and not weak.store_byte(W, BUFS, ALLOC, w, i, k, off + 4 * part + byte,
-                                                       value >> (8 * byte) & 0xFF, sc1):
-                        return fault(CTL, FAULT_WEAK_FULL, w, i, lane, address, nbytes, 0)
                     mem[off + 4 * part + byte] = value >> (8 * byte) & 0xFF
             ABYTES[k, 2 * kind + 1] += size * parts
             CNT[d, CNT_WRITTEN] += size * parts
@@ -219,15 +218,15 @@ def vmem(P, i, w, S, V, T, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, d, ex, op, 
                 v |= np.int64(mem[at + 1]) << 8
             if size > 2:
                 v |= np.int64(mem[at + 2]) << 16 | np.int64(mem[at + 3]) << 24
-            if weak_on:
-                v = weak.load(W, BUFS, ALLOC, w, i, k, at, size, v, sc1, False)
-                if v == weak.FULL:
-                    return fault(CTL, FAULT_WEAK_FULL, w, i, lane, address + 4 * part, size, 0)
-                if W[0][weak.O_FAIL] and W[0][weak.O_COUNT]:
-                    return fault(CTL, FAULT_STALE, w, i, lane, address + 4 * part, size, 0)
             if signed:
                 v = (v - (1 << (8 * size)) if v >> (8 * size - 1) & 1 else v) & M32
             V[w, dst + part, lane] = v
+        if weak_on:  # the values the caches hold replace the latest ones
+            part = weak.load_lane(W, BUFS, ALLOC, V, w, i, k, off, dst, parts, size, signed, lane, sc1)
+            if part == weak.FULL:
+                return fault(CTL, FAULT_WEAK_FULL, w, i, lane, address, nbytes, 0)
+            if part >= 0 and W[0][weak.O_FAIL]:
+                return fault(CTL, FAULT_STALE, w, i, lane, address + 4 * part, size, 0)
         WS[w, WS_POLL] = address + 4 * (parts - 1)
         if weight:  # the 4-byte granules the read reached
             for granule in range(off >> 2, ((off + span - 1) >> 2) + 1):

@@ -54,6 +54,7 @@ L1_LINES, K_LINES = 256, 128
 WHERE_QUEUED, WHERE_DIRTY, WHERE_FILLED = range(3)
 SRC_MEMORY, SRC_L2, SRC_L1, SRC_SCALAR = range(4)
 FULL = -1  # line_of / take_slot: the mode's arrays are full
+NONE = -2  # load_lane: no part was stale
 
 
 @njit(cache=True)
@@ -277,6 +278,17 @@ def store_byte(W, BUFS, ALLOC, w, row, k, off, value, sc1):
 
 
 @njit(cache=True)
+def store_lane(W, BUFS, ALLOC, V, w, row, k, off, data, parts, size, lane, sc1):
+    """One lane's store of `parts` dwords (or one byte / short) from VGPR `data` issues."""
+    for part in range(parts):
+        value = np.int64(V[w, data + part, lane])
+        for byte in range(size):
+            if not store_byte(W, BUFS, ALLOC, w, row, k, off + 4 * part + byte, value >> (8 * byte) & 0xFF, sc1):
+                return False
+    return True
+
+
+@njit(cache=True)
 def wbl2(W, w, sc1):
     """buffer_wbl2: queued; only the agent / system scope bits (sc1) write back the L2
     (SIGfx940CacheControl::insertRelease emits `sc1` for agent, `sc0 sc1` for system)."""
@@ -396,3 +408,26 @@ def load(W, BUFS, ALLOC, w, row, k, off, size, latest, sc1, scalar):
             else:
                 report(W, w, row, k, off, got, latest, b, WHERE_FILLED, x, fill, source)
     return got
+
+
+@njit(cache=True)
+def load_lane(W, BUFS, ALLOC, V, w, row, k, off, dst, parts, size, signed, lane, sc1):
+    """One lane's load of `parts` dwords (or one byte / short) into VGPR `dst`, as the caches
+    give it: the first part read stale, -2 (NONE) if none, or FULL."""
+    mem = BUFS[k]
+    first = NONE
+    for part in range(parts):
+        at = off + 4 * part
+        latest = np.int64(0)
+        for j in range(size):
+            latest |= np.int64(mem[at + j]) << (8 * j)
+        before = W[W_OPT][O_COUNT]
+        v = load(W, BUFS, ALLOC, w, row, k, at, size, latest, sc1, False)
+        if v == FULL:
+            return FULL
+        if W[W_OPT][O_COUNT] != before and first == NONE:
+            first = part
+        if signed:
+            v = (v - (1 << (8 * size)) if v >> (8 * size - 1) & 1 else v) & 0xFFFFFFFF
+        V[w, dst + part, lane] = v
+    return first
