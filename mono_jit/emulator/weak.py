@@ -14,7 +14,7 @@ per-byte arrays are indexed by it, so only the memory a launch reaches costs any
   cache, or ABSENT. Slots (one pool): SD / SM uint8 [slots, 128] data and dirty bytes (only L2
   lines get dirty: the L1 is write-through), SF int64 [slots] the row that filled it
   (PRELAUNCH: before the launch), FREE int64 [slots] the free slots, a stack.
-  WR int64 [lines x 128, 3]: the latest writer's wave and row, and its stores not yet complete.
+  WR int32 [lines x 128, 3]: the latest writer's wave and row, and its stores not yet complete.
   Q int64 [waves, QCAP, 4]: the wave's incomplete stores (a byte each) and write-backs, a ring;
   QN int64 [waves, 3]: ring head, length, vector memory instructions issued.
   REP int64 [REPORTS, REP_FIELDS]: the first stale reads.
