@@ -9,7 +9,9 @@ branch of the families is named by its operation). Written by hand where the pse
 silent or absent: the scaled MFMA (`mfma_layout.py`), `ds_swizzle` bit-mask mode, `s_waitcnt` /
 `s_nop` (no-ops: every access completes at once), `s_barrier`, `s_sleep` (parks the wave until
 memory changes), `buffer_wbl2` / `buffer_inv` (no-ops in a sequentially consistent memory;
-counted), `s_trap` (fails the launch) and buffer range checks. The arrays: `state.py`.
+counted), `s_trap` (fails the launch) and buffer range checks. In the weak-memory mode
+(`weak.py`) `s_waitcnt vmcnt`, `buffer_wbl2` and `buffer_inv` act on its caches and queues. The
+arrays: `state.py`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import numpy as np
 
 from . import ops as O
 from .crosslane import crosslane
-from .decode import F_CLASS, F_NEXT, F_OFFSET, F_OP, F_TARGET
+from . import weak
+from .decode import F_CLASS, F_FLAGS, F_NEXT, F_OFFSET, F_OP, F_TARGET, FLAG_SC0, FLAG_SC1
 from .jit_cache import njit
 from .lds import lds_op
 from .memory import scratch, smem, vmem
@@ -26,7 +29,7 @@ from .mfma import mfma
 from .operands import exec_of, fault
 from .salu import salu
 from .state import (AT_BARRIER, BUDGET, C_EPOCH, C_EVENTS, C_FAULT, C_IDLE, C_PASSES, C_STORES, CNT_BARRIERS, CNT_IDLE,
-                    CNT_POLLS, DEADLOCKED, DONE, FAULT_TRAP, FAULTED, FINISHED, IDLE, IDLE_ROUNDS, NO_FAULT, PARKED,
+                    CNT_POLLS, DEADLOCKED, DONE, FAULT_TRAP, FAULT_WEAK_FULL, FAULTED, FINISHED, IDLE, IDLE_ROUNDS, NO_FAULT, PARKED,
                     QUANTUM, RUNNING, SCC, VCC, WS_COUNT, WS_CTA, WS_DEVICE, WS_PARK, WS_PC, WS_STATUS)
 from .valu import valu
 
@@ -45,7 +48,7 @@ def release_barrier(WS, CTA, c):
 
 
 @njit(cache=True, error_model="numpy")
-def run_wave(P, w, S, V, VF, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, TF):
+def run_wave(P, w, S, V, VF, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, TF, W):
     """Run wave w until it blocks (barrier, sleep, end), faults, or has run QUANTUM instructions."""
     c, d = WS[w, WS_CTA], WS[w, WS_DEVICE]
     i = WS[w, WS_PC]
@@ -102,13 +105,17 @@ def run_wave(P, w, S, V, VF, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL,
                 fault(CTL, FAULT_TRAP, w, i, -1, 0, 0, P[i, F_OFFSET] & 0xFF)
                 WS[w, WS_PC] = i
                 return
-            # S_WAITCNT, S_NOP: every access has completed when its instruction ends
+            if op == O.OP_S_WAITCNT and W[0][weak.O_ON] and not weak.wait_vmcnt(W, w, P[i, F_OFFSET]):
+                fault(CTL, FAULT_WEAK_FULL, w, i, -1, 0, 0, 0)
+                WS[w, WS_PC] = i
+                return
+            # else S_WAITCNT, S_NOP: every access has completed when its instruction ends
         elif klass == O.SMEM:
-            if smem(P, i, w, S, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, d, op):
+            if smem(P, i, w, S, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, d, op, W):
                 WS[w, WS_PC] = i
                 return
         elif klass == O.BUFFER or klass == O.GLOBAL or klass == O.ATOMIC:
-            if vmem(P, i, w, S, V, T, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, d, ex, op):
+            if vmem(P, i, w, S, V, T, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, d, ex, op, W):
                 WS[w, WS_PC] = i
                 return
         elif klass == O.SCRATCH:
@@ -125,7 +132,15 @@ def run_wave(P, w, S, V, VF, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL,
             if mfma(P, i, w, V, VF, ex, CTL):
                 WS[w, WS_PC] = i
                 return
-        # CACHE (buffer_wbl2 / buffer_inv): memory is sequentially consistent, nothing to write back
+        elif klass == O.CACHE and W[0][weak.O_ON]:
+            if op == O.OP_BUFFER_WBL2:
+                if not weak.wbl2(W, w, P[i, F_FLAGS] & FLAG_SC1 != 0):
+                    fault(CTL, FAULT_WEAK_FULL, w, i, -1, 0, 0, 0)
+                    WS[w, WS_PC] = i
+                    return
+            else:
+                weak.inv(W, w, P[i, F_FLAGS] & (FLAG_SC0 | FLAG_SC1) != 0)
+        # else CACHE: memory is sequentially consistent, nothing to write back or invalidate
         i = nxt
     WS[w, WS_PC] = i
 
@@ -140,18 +155,20 @@ def all_blocked(WS):
 
 
 @njit(cache=True, error_model="numpy")
-def run(P, S, V, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, budget, external):
+def run(P, S, V, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, budget, external, W):
     """Round-robin over every wave until all end, one faults, none can progress, or `budget`
     wave-instructions ran. A pass in which no wave stored, ended or reached a barrier is idle:
     the emulated clock jumps ahead (so time-bounded waits expire) and parked waves poll again;
     IDLE_ROUNDS idle passes in a row are a deadlock. With `external` writers (another process
     stores into registered memory) an idle pass in which every live wave is parked or at a
     barrier returns IDLE at once and the clock does not jump: the caller waits in wall time and
-    advances the clock by it."""
+    advances the clock by it. `W`: the weak-memory mode's state (`weak.py`); a wave's queued
+    stores complete as it leaves its turn."""
     VF = V.view(np.float32)
     TF = T.view(np.float32)
     waves = WS.shape[0]
     ran = np.int64(0)
+    weak_on = W[0][weak.O_ON] != 0
     while True:
         stores, events = CTL[C_STORES], CTL[C_EVENTS]
         CTL[C_PASSES] += 1
@@ -159,13 +176,18 @@ def run(P, S, V, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, b
         for w in range(waves):
             status = WS[w, WS_STATUS]
             if status == DONE:
+                if weak_on and not weak.end_turn(W, w):  # the end of the program leaves stores in flight
+                    fault(CTL, FAULT_WEAK_FULL, w, WS[w, WS_PC], -1, 0, 0, 0)
+                    return FAULTED
                 continue
             live += 1
             if status == AT_BARRIER or (status == PARKED and WS[w, WS_PARK] == CTL[C_EPOCH]):
                 continue
             WS[w, WS_STATUS] = RUNNING
             before = WS[w, WS_COUNT]
-            run_wave(P, w, S, V, VF, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, TF)
+            run_wave(P, w, S, V, VF, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, TF, W)
+            if weak_on and not weak.end_turn(W, w) and CTL[C_FAULT] == NO_FAULT:
+                fault(CTL, FAULT_WEAK_FULL, w, WS[w, WS_PC], -1, 0, 0, 0)
             ran += WS[w, WS_COUNT] - before
             if CTL[C_FAULT] != NO_FAULT:
                 return FAULTED

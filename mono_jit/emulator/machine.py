@@ -18,7 +18,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from numba import typed
 
-from . import interpreter, state
+from . import interpreter, state, weak, weak_state
 from .codeobj import USER_SGPRS, CodeObject, CodeObjectError
 from .decode import F_NEXT, F_TARGET
 from .errors import EmulatorError
@@ -82,6 +82,8 @@ class LaunchReport:
     per_device: list[dict[str, int]]
     per_allocation: dict[str, dict[str, int]] = field(default_factory=dict)
     busiest_workgroup_instructions: int = 0
+    stale_reads: int = 0  # weak-memory mode, counting: the stale reads, and the first described
+    stale_report: list[str] = field(default_factory=list)
 
     @property
     def counters(self) -> dict[str, Any]:
@@ -122,6 +124,13 @@ class Machine:
         self.allocations: list[Allocation] = []
         self.external_writers = False  # another process writes registered memory (peer buffers)
         self.external_wait_seconds = IDLE_WAIT_SECONDS  # the longest such a launch waits with no progress
+        self.weak_memory: weak_state.WeakMemory | None = None  # None: sequentially consistent memory
+        self.uncached: set[int] = set()  # bases of the allocations mapped uncached (UC), as peer buffers
+
+    def mark_uncached(self, obj: Any) -> None:
+        """Tell the weak-memory mode that a registered buffer is mapped uncached (UC), as
+        `runtime/hip.py` allocates the peer buffers: every access to it goes to memory."""
+        self.uncached.add(_bytes_of(obj)[0])
 
     # -- memory -----------------------------------------------------------------------------------
     def register(self, obj: Any, name: str, writable: bool = True) -> int:
@@ -352,13 +361,36 @@ class _State:
         self.ctl = np.zeros(state.CTL_FIELDS, np.int64)
         self.clock = np.zeros(self.machine.devices, np.int64)
         self.T = np.zeros((8, WAVE), np.uint32)
+        options = self.machine.weak_memory
+        if options is None:
+            self.W = weak_state.off_state(self.WS.shape[0])
+        else:
+            self.W = weak_state.build(options, allocations, self.machine.uncached, self.WS[:, state.WS_CTA],
+                                      self.WS[:, state.WS_DEVICE], self.machine.devices)
 
     def run(self, budget: int) -> int:
         return int(interpreter.run(self.program, self.S, self.V, self.WS, self.CTA, self.LDS, self.ALLOC, self.BUFS,
                             self.TOUCH, self.ABYTES, self.CNT, self.ctl, self.clock, self.T, budget,
-                            self.machine.external_writers))
+                            self.machine.external_writers, self.W))
 
     # -- reports --------------------------------------------------------------------------------
+    def _instruction(self, w: int, row: int) -> str:
+        index = self.wave_info[w][0]
+        program = self.launches[index].code.program
+        r = row - self.row0[index]
+        return f"pc {program.addresses[r]:#x} ({program.names[r]})" if 0 <= r < len(program.names) else f"row {row}"
+
+    def _who(self, w: int) -> str:
+        index, cta, (x, y, z), wave = self.wave_info[w]
+        return f"workgroup ({x}, {y}, {z}) wave {wave} of {self.launches[index].code.name}"
+
+    def stale_reports(self) -> list[str]:
+        """The weak-memory mode's recorded stale reads, one paragraph each."""
+        count = min(int(self.W[0][weak.O_COUNT]), weak.REPORTS)
+        names = [a.name for a in self.machine.allocations]
+        return [weak_state.describe(self.W[weak.W_REP][n], self._who, self._instruction, names.__getitem__)
+                for n in range(count)]
+
     def _where(self, w: int) -> tuple[str, str]:
         index, cta, (x, y, z), wave = self.wave_info[w]
         launch = self.launches[index]
@@ -391,6 +423,14 @@ class _State:
         if kind == state.FAULT_PRIVATE:
             return (f"scratch access of {size} bytes at private address {address:#x}, past the work-item's "
                     f"{detail}-byte private segment (the descriptor's private_segment_fixed_size): {at}")
+        if kind == state.FAULT_STALE:
+            return self.stale_reports()[0]
+        if kind == state.FAULT_WEAK_FULL:
+            options = self.machine.weak_memory
+            lines = int(self.W[weak.W_OPT][weak.O_LINES]) * weak.LINE >= len(self.W[weak.W_MEM])
+            budget = f"lines={options.lines if options else 0} lines of writable memory touched" if lines else \
+                f"slots={options.slots if options else 0} lines held by its caches"
+            return f"weak-memory mode: the launch needs more than {budget}; expected fewer (raise WeakMemory's): {at}"
         if kind == state.FAULT_EXEC:
             return f"MFMA with a partial EXEC mask ({address & (2**64 - 1):#018x}) is not modelled: {at}"
         return f"operand form not modelled (case {detail}, value {address:#x}): {at}"
@@ -449,4 +489,5 @@ class _State:
             lds_bytes_read=int(cnt[:, state.CNT_LDS_READ].sum()), lds_bytes_written=int(cnt[:, state.CNT_LDS_WRITTEN].sum()),
             bytes_read=int(cnt[:, state.CNT_READ].sum()), bytes_written=int(cnt[:, state.CNT_WRITTEN].sum()),
             per_device=per_device, per_allocation=per_allocation,
-            busiest_workgroup_instructions=int(by_cta.max()) if len(by_cta) else 0)
+            busiest_workgroup_instructions=int(by_cta.max()) if len(by_cta) else 0,
+            stale_reads=int(self.W[0][weak.O_COUNT]), stale_report=self.stale_reports())

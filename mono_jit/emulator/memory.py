@@ -8,12 +8,13 @@ import numpy as np
 
 from . import ops as O
 from .decode import (F_BASE, F_CLASS, F_DST, F_FLAGS, F_OFFSET, F_SOFF, F_SRC0, F_SRC1, FLAG_OFFEN, FLAG_SADDR_OFF,
-                     FLAG_SC0, FLAG_SVE)
+                     FLAG_SC0, FLAG_SC1, FLAG_SVE)
 from .jit_cache import njit
 from .numerics import sext32
 from .operands import fault, set64, sval
+from . import weak
 from .state import (C_EPOCH, C_STORES, CNT_READ, CNT_WRITTEN, FAULT_OPERAND, FAULT_PRIVATE, FAULT_READ_ONLY,
-                    FAULT_UNALIGNED, FAULT_UNMAPPED, KIND_BUFFER, KIND_GLOBAL, KIND_SCALAR, M32, N_CLASSES, NO_FAULT,
+                    FAULT_STALE, FAULT_UNALIGNED, FAULT_WEAK_FULL, FAULT_UNMAPPED, KIND_BUFFER, KIND_GLOBAL, KIND_SCALAR, M32, N_CLASSES, NO_FAULT,
                     TICKS_PER_INSTRUCTIONS, WS_POLL, WS_PRIVATE, WS_SCRATCH)
 
 
@@ -68,9 +69,14 @@ def touch(TOUCH, ALLOC, k, address, size):
 
 
 @njit(cache=True)
-def vmem(P, i, w, S, V, T, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, d, ex, op):
-    """MUBUF and global loads, stores and atomics for every active lane."""
+def vmem(P, i, w, S, V, T, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, d, ex, op, W):
+    """MUBUF and global loads, stores and atomics for every active lane; through the caches of
+    `weak.py` when its mode is on."""
     flags = P[i, F_FLAGS]
+    weak_on = W[0][weak.O_ON] != 0
+    sc1 = flags & FLAG_SC1 != 0
+    if weak_on:
+        weak.issue(W, w)
     is_buffer = P[i, F_CLASS] == O.BUFFER
     kind = KIND_BUFFER if is_buffer else KIND_GLOBAL
     size, dwords, signed, storing, atomic = 4, 1, False, False, False
@@ -156,6 +162,8 @@ def vmem(P, i, w, S, V, T, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, d, ex, op):
             else:  # GLOBAL_ATOMIC_SMAX
                 new = old if sext32(old) >= sext32(operand) else operand
             store(BUFS, ALLOC, k, address, 4, new)
+            if weak_on and not weak.atomic(W, BUFS, ALLOC, w, i, k, address - ALLOC[k, 0], 4, new):
+                return fault(CTL, FAULT_WEAK_FULL, w, i, lane, address, 4, 0)
             if flags & FLAG_SC0:  # returns the old value
                 V[w, dst, lane] = old
             ABYTES[k, 2 * kind] += 4
@@ -192,6 +200,9 @@ def vmem(P, i, w, S, V, T, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, d, ex, op):
         if storing:
             if not ALLOC[k, 2] & 1:
                 return fault(CTL, FAULT_READ_ONLY, w, i, lane, address, nbytes, 0)
+            # the weak mode copies a line it meets for the first time: before the store
+            if weak_on and not weak.store_lane(W, BUFS, ALLOC, V, w, i, k, off, data, parts, size, lane, sc1):
+                return fault(CTL, FAULT_WEAK_FULL, w, i, lane, address, nbytes, 0)
             for part in range(parts):
                 value = np.int64(V[w, data + part, lane])
                 for byte in range(size):
@@ -210,6 +221,12 @@ def vmem(P, i, w, S, V, T, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, d, ex, op):
             if signed:
                 v = (v - (1 << (8 * size)) if v >> (8 * size - 1) & 1 else v) & M32
             V[w, dst + part, lane] = v
+        if weak_on:  # the values the caches hold replace the latest ones
+            part = weak.load_lane(W, BUFS, ALLOC, V, w, i, k, off, dst, parts, size, signed, lane, sc1)
+            if part == weak.FULL:
+                return fault(CTL, FAULT_WEAK_FULL, w, i, lane, address, nbytes, 0)
+            if part >= 0 and W[0][weak.O_FAIL]:
+                return fault(CTL, FAULT_STALE, w, i, lane, address + 4 * part, size, 0)
         WS[w, WS_POLL] = address + 4 * (parts - 1)
         if weight:  # the 4-byte granules the read reached
             for granule in range(off >> 2, ((off + span - 1) >> 2) + 1):
@@ -263,7 +280,7 @@ def scratch(P, i, w, S, V, WS, ALLOC, BUFS, ABYTES, CNT, CTL, d, ex, op):
 
 
 @njit(cache=True)
-def smem(P, i, w, S, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, d, op):
+def smem(P, i, w, S, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, d, op, W):
     dst = P[i, F_DST]
     if op == O.OP_S_MEMREALTIME or op == O.OP_S_MEMTIME:
         ticks = (CNT[d, :N_CLASSES].sum() // TICKS_PER_INSTRUCTIONS) + CLOCK[d]
@@ -287,7 +304,14 @@ def smem(P, i, w, S, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, d, op):
     if k < 0:
         return fault(CTL, FAULT_UNMAPPED, w, i, -1, address, 4 * n, 0)
     for part in range(n):
-        S[w, dst + part] = load(BUFS, ALLOC, k, address + 4 * part, 4)
+        v = load(BUFS, ALLOC, k, address + 4 * part, 4)
+        if W[0][weak.O_ON]:
+            v = weak.load(W, BUFS, ALLOC, w, i, k, address + 4 * part - ALLOC[k, 0], 4, v, False, True)
+            if v == weak.FULL:
+                return fault(CTL, FAULT_WEAK_FULL, w, i, -1, address + 4 * part, 4, 0)
+            if W[0][weak.O_FAIL] and W[0][weak.O_COUNT]:
+                return fault(CTL, FAULT_STALE, w, i, -1, address + 4 * part, 4, 0)
+        S[w, dst + part] = v
     WS[w, WS_POLL] = address
     touch(TOUCH, ALLOC, k, address, 4 * n)
     ABYTES[k, 2 * KIND_SCALAR] += 4 * n
