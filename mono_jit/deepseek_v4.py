@@ -42,6 +42,13 @@ class RankWidths(Record):
 
 
 def per_rank(tp: int) -> RankWidths:
-    """What each of `tp` ranks holds (a valid tp divides every width: spec.VALID_TP)."""
+    """What each of `tp` ranks holds; ValueError unless `tp` divides every width it splits
+    (spec.VALID_TP lists the tp that do)."""
+    widths = {"HEADS": HEADS, "OUTPUT_GROUPS": OUTPUT_GROUPS, "MOE_INTERMEDIATE": MOE_INTERMEDIATE,
+              "SHARED_INTERMEDIATE": SHARED_INTERMEDIATE}
+    uneven = [f"{name} {width}" for name, width in widths.items() if tp < 1 or width % tp]
+    if uneven:
+        raise ValueError(f"tensor parallelism {tp} does not split {', '.join(uneven)} evenly: expected a tp "
+                         "that divides each")
     heads, groups = HEADS // tp, OUTPUT_GROUPS // tp
     return RankWidths(heads, groups, heads // groups * HEAD_DIM, MOE_INTERMEDIATE // tp, SHARED_INTERMEDIATE // tp)

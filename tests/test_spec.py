@@ -82,3 +82,9 @@ def test_a_rank_holds_its_share_of_every_width_the_ranks_split():
         assert share.inter * tp == deepseek_v4.MOE_INTERMEDIATE == share.shared_inter * tp
         assert share.group_k == deepseek_v4.HEADS // deepseek_v4.OUTPUT_GROUPS * deepseek_v4.HEAD_DIM
     assert deepseek_v4.per_rank(8) == (16, 2, 4096, 384, 384)
+
+
+@pytest.mark.parametrize("tp", [0, 3, 32, 48])
+def test_a_tp_that_does_not_split_the_widths_is_one_value_error_naming_them(tp):
+    with pytest.raises(ValueError, match=f"tensor parallelism {tp} does not split [A-Z_]+ [0-9]+"):
+        deepseek_v4.per_rank(tp)

@@ -66,7 +66,7 @@ def test_the_schema_checks_every_field_the_record_writes(golden_cache):
 
 
 def test_every_report_names_a_build_by_one_label():
-    from mono_jit.build.job import deployment
+    from mono_jit.build import deployment
     from mono_jit.build.job import BuildJob
     from mono_jit.cache.meta import build_label
     from mono_jit.build.prebuild import _plan_failure
