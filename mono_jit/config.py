@@ -63,7 +63,7 @@ def _words(text: str) -> tuple[str, ...]:
     return words
 
 
-SECONDS_MAX = 86400.0  # one day: the longest wait any setting or option takes; none means "no limit"
+SECONDS_MAX = 86400.0  # one day: the longest wait any setting or option takes; no value turns a wait off
 
 
 def bounded_seconds(value: float, lowest: float = 0.0, given: str | None = None) -> float:
@@ -72,8 +72,8 @@ def bounded_seconds(value: float, lowest: float = 0.0, given: str | None = None)
     value). NaN fails every comparison, so each bound is checked as what must hold."""
     got = given if given is not None else repr(value)
     if not math.isfinite(value):
-        raise ValueError(f"expected a finite number of seconds (at most {SECONDS_MAX:.0f}; no setting means "
-                         f"'no limit'), got {got}")
+        raise ValueError(f"expected a finite number of seconds, at most {SECONDS_MAX:.0f} (no value turns a wait "
+                         f"off: every wait ends), got {got}")
     if not (value > 0 and value >= lowest):
         raise ValueError(f"expected a positive number of seconds{f' (at least {lowest:g})' if lowest else ''}, "
                          f"got {got}")

@@ -1,6 +1,6 @@
 """Every setting and option that takes seconds refuses what is not a finite number of seconds
 within its range (NaN fails every comparison, so a bare `value <= 0` let it through): one line
-naming the value, at `mono-jit config` and before any work. No seconds setting means "no limit":
+naming the value, at `mono-jit config` and before any work. No seconds setting takes "no limit":
 each is bounded, so a lock wait or a peer wait always ends."""
 
 from __future__ import annotations
