@@ -114,7 +114,7 @@ def ours_code(spec: Any, settings: Any) -> Any:
     """Our K2 at `spec` from the cache (compiled on a miss), as a k2_emulation.K2Code."""
     from k2_emulation import K2Code
 
-    from mono_jit.build.resolve import resolve
+    from mono_jit.pipeline.resolve import resolve
     from mono_jit.templates import get
 
     found = resolve(get("k2"), spec, settings=settings)

@@ -26,7 +26,7 @@ TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS / "support"))  # the K2 test world and its harness
 
 from mono_jit.config import Settings  # noqa: E402
-from mono_jit.build.resolve import resolve  # noqa: E402
+from mono_jit.pipeline.resolve import resolve  # noqa: E402
 from mono_jit.selfcheck.emulated import emulated_launcher  # noqa: E402
 from mono_jit.selfcheck.k1_world import K1Run, random_weights  # noqa: E402
 from mono_jit.spec import Spec  # noqa: E402

@@ -18,7 +18,7 @@ from mono_jit.cache.store import Store
 from mono_jit.config import Settings
 from mono_jit.hsaco.metadata import read_metadata
 from mono_jit.hsaco.isa import disassemble, find_objdump, instruction_counts
-from mono_jit.build.prebuild import prebuild
+from mono_jit.pipeline.prebuild import prebuild
 from mono_jit.spec import Spec
 from mono_jit.templates import get
 

@@ -36,7 +36,7 @@ from oci_registry import LocalRegistry, Proxy, registry_available  # noqa: E402
 MONO_JIT = [str(Path(sys.executable).parent / "mono-jit")]  # the console script beside this interpreter
 READ_THROUGH = """
 import json, sys
-from mono_jit.build.resolve import resolve_many
+from mono_jit.pipeline.resolve import resolve_many
 from mono_jit.spec import deployment_grid
 from mono_jit.templates import all_templates
 names = sys.argv[1].split(",")

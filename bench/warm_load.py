@@ -42,14 +42,14 @@ TEMPLATE, SPEC = "router", {"tp": 8, "ratio": 4, "topk_width": 1024, "max_tokens
 OTHER = {**SPEC, "max_tokens": 16}  # the next kernel: another entry of the same template
 UPSTREAM_S, UPSTREAM_KERNELS = 1208.0, 640  # vLLM in-tree mono, FlyDSL 0.5.0, per rank per start
 # Absent after a warm grid load: FlyDSL and MLIR, torch, and the compile side.
-ABSENT = ("flydsl", "_mlir", "mlir", "torch", "mono_jit.build.compile", "mono_jit.build.workers", "mono_jit.build.prebuild",
+ABSENT = ("flydsl", "_mlir", "mlir", "torch", "mono_jit.pipeline.compile", "mono_jit.pipeline.workers", "mono_jit.pipeline.prebuild",
           "mono_jit.cache.lock", "filelock", "multiprocessing", "elftools", "msgpack")
 
 MONO_JIT = """
 import time, sys
 import dataclasses, enum, functools, inspect, json, pathlib, re, struct, typing  # stdlib: untimed
 t = time.perf_counter()
-from mono_jit.build.resolve import resolve
+from mono_jit.pipeline.resolve import resolve
 from mono_jit.spec import Spec
 spec, other = (Spec.from_dict(s) for s in json.loads(sys.argv[2]))
 r = resolve(sys.argv[1], spec)
@@ -85,7 +85,7 @@ GRID = """
 import time, sys
 import dataclasses, enum, functools, inspect, json, pathlib, re, struct, typing  # stdlib: untimed
 t = time.perf_counter()
-from mono_jit.build.resolve import resolve_many
+from mono_jit.pipeline.resolve import resolve_many
 from mono_jit.spec import Spec
 pairs = [(name, Spec.from_dict(spec)) for name, spec in json.loads(sys.argv[1])]
 resolved = resolve_many(pairs)
@@ -113,7 +113,7 @@ def grid_pairs() -> list[tuple[str, dict]]:
 
 def fill(env: dict[str, str], pairs: list[tuple[str, dict]]) -> None:
     from mono_jit.config import Settings
-    from mono_jit.build.prebuild import prebuild
+    from mono_jit.pipeline.prebuild import prebuild
     from mono_jit.spec import Spec
     from mono_jit.templates import get
 
@@ -130,7 +130,7 @@ def main() -> None:
     args = parser.parse_args()
     from mono_jit.config import Settings
     from mono_jit.spec import Spec
-    from mono_jit.build.toolchain import compile_environment, resolve_toolchain
+    from mono_jit.pipeline.toolchain import compile_environment, resolve_toolchain
 
     pairs = grid_pairs()
     with tempfile.TemporaryDirectory() as scratch:

@@ -27,7 +27,7 @@ from .errors import MonoJitError, ToolchainError
 from .commands.explain import Explanation
 from .commands.listing import Listing
 from .progress import Progress, Silent
-from .build.resolve import Resolved, resolve, resolve_many
+from .pipeline.resolve import Resolved, resolve, resolve_many
 from .spec import RATIOS, STANDARD_MAX_TOKENS, Spec, deployment_grid
 from .templates import Template, all_templates, get
 from .commands.verify import VerifyReport
@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # these load when used
     from mono_jit.cache.oci.client import Registry
     from mono_jit.cache.oci.reference import Reference
 
-    from .build.deployment import GridCheck
+    from .pipeline.deployment import GridCheck
     from .selfcheck import KernelCheck
 
 __all__ = ["Checks", "Explanation", "Listing", "PrebuildReport", "Resolved", "StatsReport", "VerifyReport",
@@ -96,7 +96,7 @@ def prebuild(templates: Iterable[str | Template] | None = None, *, tp: int = 8,
     set, what its registry holds is fetched and only the rest compiled. With `image_layer`
     and no failure, the run's entries are also published there as a read-only layer any user
     can read (cache/layer.py)."""
-    from .build.prebuild import prebuild as run
+    from .pipeline.prebuild import prebuild as run
 
     _check_timeout(timeout)
     settings, progress = _settings(settings), progress or Silent()
@@ -138,7 +138,7 @@ def _check_timeout(timeout: float) -> None:
 
 def _deployment_templates(templates: Iterable[str | Template] | None, settings: Settings) -> list[Template]:
     """The templates named, else what a plain prebuild builds (deployment.default_templates)."""
-    from .build.deployment import default_templates
+    from .pipeline.deployment import default_templates
 
     return _templates(templates if templates is not None else default_templates(settings))
 
@@ -149,7 +149,7 @@ def check_grid(templates: Iterable[str | Template] | None = None, *, tp: int = 8
     """Whether the layers here serve every build `prebuild` with the same arguments makes:
     each resolved offline as a serving process would (verified, never compiled or fetched, no
     FlyDSL needed), every miss with its reason. Writes nothing."""
-    from .build.deployment import check
+    from .pipeline.deployment import check
 
     settings = _settings(settings)
     specs = deployment_grid(tp, max_model_len, max_tokens, ratios, arch)
@@ -176,7 +176,7 @@ def explain(template: str | Template, spec: Spec, *, settings: Settings | None =
     place, or the kind of miss and the key factors that differ from the nearest entry. Without a
     toolchain here (a lean host), keys are computed with the toolchains in the layers. Writes nothing."""
     from .commands.explain import explain as run
-    from .build.toolchain import resolve_toolchain
+    from .pipeline.toolchain import resolve_toolchain
 
     settings = _settings(settings)
     template = template if isinstance(template, Template) else get(template)
@@ -192,7 +192,7 @@ def explain(template: str | Template, spec: Spec, *, settings: Settings | None =
 def fill_advice(template: str, spec: Spec) -> str:
     """What fills a missing entry of `template` at `spec`: 'run <the prebuild command whose grid
     holds it>', or on a host that cannot compile, where to run it and how to ship the result."""
-    from .build.resolve import build_elsewhere, prebuild_command
+    from .pipeline.resolve import build_elsewhere, prebuild_command
 
     fill = prebuild_command(template, spec)
     return f"run {fill}" if cannot_compile_here() is None else build_elsewhere(fill)
@@ -245,7 +245,7 @@ def export(bundle: Path, *, templates: Iterable[str] | None = None, settings: Se
 
 def describe_toolchain(fingerprint: dict) -> str:
     """A toolchain fingerprint in one short line (digests cut), as the resolver's log names it."""
-    from .build.toolchain import describe
+    from .pipeline.toolchain import describe
 
     return describe(fingerprint)
 
@@ -253,7 +253,7 @@ def describe_toolchain(fingerprint: dict) -> str:
 def worker_env_removed() -> dict[str, str]:
     """The variables of this environment that compile workers run without (they would change
     FlyDSL's output: toolchain.removed_variables), for `mono-jit config`."""
-    from .build.toolchain import removed_variables
+    from .pipeline.toolchain import removed_variables
 
     return removed_variables()
 

@@ -20,7 +20,7 @@ from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 SKIPPED = (".venv", ".git", "*.egg-info", "__pycache__", ".pytest_cache", ".mypy_cache")
-SKIPPED_AT_ROOT = ("build", "dist")  # the backend's output folders; mono_jit/build is source
+SKIPPED_AT_ROOT = ("build", "dist")  # the backend's output folders; mono_jit/pipeline is source
 
 
 def skipped(root: Path) -> Callable[[str, list[str]], set[str]]:

@@ -12,7 +12,7 @@ from cache_settings import SMALL_SPECS, settings_at
 from golden_pool import answer_compiles_from
 
 from mono_jit.cache import Store
-from mono_jit.build.prebuild import prebuild
+from mono_jit.pipeline.prebuild import prebuild
 from mono_jit.spec import STANDARD_MAX_TOKENS, Spec
 from mono_jit.templates import Template, get
 

@@ -23,7 +23,7 @@ from mono_jit.errors import MonoJitError
 from mono_jit.spec import Spec
 
 REPO = Path(__file__).resolve().parent.parent
-INTERNALS = ("mono_jit.build.job", "mono_jit.build.compile", "mono_jit.build.workers", "mono_jit.build.toolchain", "mono_jit.build.prebuild",
+INTERNALS = ("mono_jit.pipeline.job", "mono_jit.pipeline.compile", "mono_jit.pipeline.workers", "mono_jit.pipeline.toolchain", "mono_jit.pipeline.prebuild",
              "mono_jit.commands.verify", "mono_jit.commands.explain", "mono_jit.commands.listing", "mono_jit.cache.bundle",
              "mono_jit.cache.gc", "mono_jit.cache.layer", "mono_jit.cache.key", "mono_jit.cache.stats")
 
@@ -105,11 +105,11 @@ def test_the_api_prebuilds_verifies_with_rebuild_and_explains_without_the_cli(wa
 
 def test_resolve_from_the_package_is_the_function_even_after_its_module_was_imported():
     code = ("import sys, types, mono_jit\nheavy = sorted(m for m in sys.modules if m.startswith(('mono_jit.api', "
-            "'mono_jit.build.resolve', 'mono_jit.cache')))\nimport mono_jit.build.resolve\nfrom mono_jit import resolve\n"
-            "from mono_jit.build.resolve import resolve_many\nprint(heavy, callable(resolve), resolve.__module__, "
+            "'mono_jit.pipeline.resolve', 'mono_jit.cache')))\nimport mono_jit.pipeline.resolve\nfrom mono_jit import resolve\n"
+            "from mono_jit.pipeline.resolve import resolve_many\nprint(heavy, callable(resolve), resolve.__module__, "
             "callable(resolve_many), type(mono_jit) is types.ModuleType)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[] True mono_jit.build.resolve True True", out.stdout
+    assert out.stdout.strip() == "[] True mono_jit.pipeline.resolve True True", out.stdout
 
 
 def readme_api_snippet() -> str:

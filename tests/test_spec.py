@@ -65,7 +65,7 @@ def test_the_grid_takes_hca_width_as_the_runner_has_it_from_vllm():
 
 
 def test_the_runner_loads_the_builds_prebuild_builds():
-    from mono_jit.build.deployment import LAYER_TEMPLATES, builds
+    from mono_jit.pipeline.deployment import LAYER_TEMPLATES, builds
     from mono_jit.runtime.grid import layer_grid
     from mono_jit.templates import get
 

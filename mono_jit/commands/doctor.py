@@ -50,7 +50,7 @@ class Checks:
 def doctor(settings: Settings, deep: bool = False) -> Checks:
     """Run the checks: toolchain, cache, templates (and with `deep`, FlyDSL's files against its RECORD)."""
     from ..templates import all_templates, problems
-    from ..build.toolchain import flydsl_files_modified, resolve_toolchain
+    from ..pipeline.toolchain import flydsl_files_modified, resolve_toolchain
 
     checks = Checks()
 

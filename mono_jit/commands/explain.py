@@ -18,7 +18,7 @@ from pathlib import Path
 from mono_jit.cache import Entry, Store
 from mono_jit.cache.key import build_identity, diff
 
-from ..build.job import BuildJob
+from ..pipeline.job import BuildJob
 from ..spec import Spec
 from ..templates import Template
 

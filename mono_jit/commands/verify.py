@@ -1,5 +1,5 @@
 """`mono-jit verify`: check every copy of every entry as a load would (size, sha256, ELF
-header, key), and with rebuild, recompile each good one on the compile pool of a miss (build/miss.py)
+header, key), and with rebuild, recompile each good one on the compile pool of a miss (pipeline/miss.py)
 and require byte-identical code (determinism); nothing rebuilt is published.
 
 Bad copies in the writable layer are reported, not moved: a load quarantines them."""
@@ -66,8 +66,8 @@ def _rebuild_hashes(entries: list[Entry], settings: Settings, jobs: int, timeout
     'rebuild failed: ...'}, each reported to `progress` as it finishes."""
     import hashlib
 
-    from ..build.miss import compile_pool
-    from ..build.toolchain import resolve_toolchain
+    from ..pipeline.miss import compile_pool
+    from ..pipeline.toolchain import resolve_toolchain
 
     toolchain = resolve_toolchain(settings)
     progress.planned(len(entries))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..config import Settings
 from ..errors import ToolchainError
-from ..build.toolchain import find_linker
+from ..pipeline.toolchain import find_linker
 
 
 def find_objdump(settings: Settings) -> Path:

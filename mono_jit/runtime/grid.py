@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from ..config import Settings
-from ..build.deployment import LAYER_TEMPLATES, builds
+from ..pipeline.deployment import LAYER_TEMPLATES, builds
 from ..spec import STANDARD_MAX_TOKENS, Spec, deployment_grid
 from ..templates import get
 from .backends import Backend, Kernel
@@ -47,7 +47,7 @@ def load_grid(grid: list[GridEntry], backend: Backend,
     templates = {name: get(name) for name in {build.template for build in grid}}
     if not backend.needs_cache:
         return {b: backend.load(templates[b.template], b.spec, None, None) for b in grid}
-    from ..build.resolve import resolve_many
+    from ..pipeline.resolve import resolve_many
 
     resolved = resolve_many([(templates[b.template], b.spec) for b in grid], settings=settings)
     return {b: backend.load(templates[b.template], b.spec, r.meta, r.hsaco) for b, r in zip(grid, resolved)}

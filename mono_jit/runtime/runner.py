@@ -39,9 +39,9 @@ import torch
 
 from .. import deepseek_v4
 from ..config import Settings
-from ..build.deployment import LAYER_TEMPLATES
+from ..pipeline.deployment import LAYER_TEMPLATES
 from ..errors import CaptureError
-from ..build.resolve import capturing
+from ..pipeline.resolve import capturing
 from ..spec import STANDARD_MAX_TOKENS, bucket_for
 from ..deepseek_v4 import HEAD_DIM, Q_LORA, STREAMS
 from ..templates import get

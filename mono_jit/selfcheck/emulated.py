@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 
 from ..config import Settings
-from ..build.resolve import resolve
+from ..pipeline.resolve import resolve
 from ..runtime.backends import Backend, EmulatorBackend
 from ..templates.kernargs import pack
 from ..spec import Spec

@@ -15,8 +15,8 @@ from mono_jit.cache import Entry, Store
 from mono_jit.cache.bundle import export_bundle, import_bundle
 from mono_jit.errors import BundleError, UntrustedRoot
 from mono_jit.hsaco.metadata import inspect_code_object
-from mono_jit.build.prebuild import prebuild
-from mono_jit.build.resolve import resolve
+from mono_jit.pipeline.prebuild import prebuild
+from mono_jit.pipeline.resolve import resolve
 from mono_jit.templates import get
 
 
@@ -85,7 +85,7 @@ def test_world_writable_root_is_refused(tmp_path):
 
 RACE = """
 import sys
-from mono_jit.build.resolve import resolve
+from mono_jit.pipeline.resolve import resolve
 from mono_jit.spec import Spec
 r = resolve("keytable", Spec(8, 128, 256, 2))
 print("COMPILED" if r.compiled else "HIT", r.entry.key)

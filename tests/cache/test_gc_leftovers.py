@@ -18,7 +18,7 @@ from cache_settings import SMALL_SPECS, settings_at
 from mono_jit.cache import Store
 from mono_jit.cache.gc import collect
 from mono_jit.cli import main
-from mono_jit.build.prebuild import prebuild
+from mono_jit.pipeline.prebuild import prebuild
 from mono_jit.templates import get
 
 HOURS = 3600

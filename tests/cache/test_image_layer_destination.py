@@ -51,7 +51,7 @@ def mode(path):
     ("unreadable", "cannot be entered by other users (mode 700)"),
 ])
 def test_an_existing_destination_that_is_not_the_builders_own_is_refused(case, why, tmp_path, monkeypatch):
-    monkeypatch.setattr("mono_jit.build.workers.WorkerPool", NoCompile)
+    monkeypatch.setattr("mono_jit.pipeline.workers.WorkerPool", NoCompile)
     target = {"sticky": lambda p: folder(p, 0o1777),
               "others-writable": lambda p: folder(p, 0o777),
               "link-to-another-users-777": lambda p: folder(p, 0o777, OTHER_UID),

@@ -66,10 +66,10 @@ def test_the_schema_checks_every_field_the_record_writes(golden_cache):
 
 
 def test_every_report_names_a_build_by_one_label():
-    from mono_jit.build import deployment
-    from mono_jit.build.job import BuildJob
+    from mono_jit.pipeline import deployment
+    from mono_jit.pipeline.job import BuildJob
     from mono_jit.cache.meta import build_label
-    from mono_jit.build.prebuild import _plan_failure
+    from mono_jit.pipeline.prebuild import _plan_failure
     from mono_jit.spec import Spec
     from mono_jit.templates import get
 

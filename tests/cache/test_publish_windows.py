@@ -17,7 +17,7 @@ from mono_jit.cache import Store
 from mono_jit.cache.gc import collect
 from mono_jit.cache.store import TOOLCHAINS_DIR
 from mono_jit.cli import main
-from mono_jit.build.resolve import resolve
+from mono_jit.pipeline.resolve import resolve
 from mono_jit.spec import Spec
 
 

@@ -15,7 +15,7 @@ from cache_settings import settings_at
 from mono_jit.cache import Entry, Store
 from mono_jit.cli import main
 from mono_jit.errors import MonoJitError
-from mono_jit.build.resolve import resolve
+from mono_jit.pipeline.resolve import resolve
 from mono_jit.spec import Spec
 from read_only_mount import read_only_mount
 from golden_pool import PREBUILD

@@ -19,7 +19,7 @@ from mono_jit.cache import Entry, Store, stats
 from mono_jit.cache.stats import Counters
 from mono_jit.cli import main
 from mono_jit.errors import OfflineMiss
-from mono_jit.build.resolve import resolve
+from mono_jit.pipeline.resolve import resolve
 from mono_jit.spec import Spec
 
 
@@ -85,7 +85,7 @@ def test_a_hit_writes_no_file_and_the_process_writes_its_counts_once_unsynced(wa
 
 LOOKUPS = """
 import sys
-from mono_jit.build.resolve import resolve
+from mono_jit.pipeline.resolve import resolve
 from mono_jit.spec import Spec
 for _ in range(int(sys.argv[1])):
     for ratio, width in ((4, 1024), (128, 8192)):

@@ -15,9 +15,9 @@ from mono_jit.cli import main
 from mono_jit.config import Settings
 from mono_jit.errors import ToolchainError
 from mono_jit.commands.doctor import LEAN_HOST
-from mono_jit.build.resolve import resolve
+from mono_jit.pipeline.resolve import resolve
 from mono_jit.spec import Spec
-from mono_jit.build.toolchain import find_linker
+from mono_jit.pipeline.toolchain import find_linker
 from read_only_mount import read_only_mount
 from golden_pool import PREBUILD
 
@@ -100,7 +100,7 @@ def test_an_image_layer_on_a_read_only_file_system_fails_before_compiling(tmp_pa
         def __init__(self, *args):
             raise AssertionError("a compile started before the image layer was checked")
 
-    monkeypatch.setattr("mono_jit.build.workers.WorkerPool", NoCompile)
+    monkeypatch.setattr("mono_jit.pipeline.workers.WorkerPool", NoCompile)
     with read_only_mount(tmp_path / "ro", lambda mount: None) as mount:
         result = CliRunner().invoke(main, ["prebuild", "--template", "router", "--max-tokens", "1", "--ratio", "4",
                                            "--image-layer", str(mount / "opt-mono-jit"), "--cache-dir",
@@ -115,16 +115,16 @@ def test_an_image_layer_on_a_read_only_file_system_fails_before_compiling(tmp_pa
 def test_ctrl_c_during_a_prebuild_says_what_was_kept_and_exits_130(golden_pool, tmp_path, monkeypatch):
     """The first compile is published, then the user presses Ctrl-C: exit 130, no 'Aborted!',
     the finished entry stays and nothing half-written is left in the cache."""
-    import mono_jit.build.workers
+    import mono_jit.pipeline.workers
 
-    class InterruptedPool(mono_jit.build.workers.WorkerPool):  # the golden pool, interrupted at its second job
+    class InterruptedPool(mono_jit.pipeline.workers.WorkerPool):  # the golden pool, interrupted at its second job
         def run(self, items):
             for done, outcome in enumerate(super().run(items)):
                 if done == 1:
                     raise KeyboardInterrupt
                 yield outcome
 
-    monkeypatch.setattr("mono_jit.build.workers.WorkerPool", InterruptedPool)
+    monkeypatch.setattr("mono_jit.pipeline.workers.WorkerPool", InterruptedPool)
     cache = tmp_path / "fresh"
     result = CliRunner().invoke(main, [*PREBUILD, "--cache-dir", str(cache)])
     assert result.exit_code == 130, (result.output, result.exception)

@@ -14,7 +14,7 @@ from cache_settings import settings_at
 from mono_jit.cache import Entry, EntryMeta, Store, cache_key
 from mono_jit.cli import main
 from mono_jit.errors import OfflineMiss
-from mono_jit.build.resolve import resolve
+from mono_jit.pipeline.resolve import resolve
 from mono_jit.spec import Spec
 
 

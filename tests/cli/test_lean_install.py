@@ -38,7 +38,7 @@ def test_the_readme_gives_the_commands_tested_here():
 
 def _not_copied(folder: str, names: list[str]) -> set[str]:
     """What a copy of the checkout leaves out: tools' folders anywhere, and setuptools' build/ at
-    the root (mono_jit/build/ is a package)."""
+    the root (mono_jit/pipeline/ is a package)."""
     left = set(shutil.ignore_patterns(".venv", ".git", "dist", "*.egg-info", "__pycache__", ".pytest_cache")(
         folder, names))
     return left | ({"build"} & set(names) if Path(folder) == ROOT else set())

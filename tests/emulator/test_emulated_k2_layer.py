@@ -25,7 +25,7 @@ import layer_math as lm  # noqa: E402
 from cache_settings import settings_at  # noqa: E402
 from k2_emulation import K2Code, run_on_ranks  # noqa: E402
 
-from mono_jit.build.resolve import resolve  # noqa: E402
+from mono_jit.pipeline.resolve import resolve  # noqa: E402
 from mono_jit.spec import Spec  # noqa: E402
 from mono_jit.templates import get  # noqa: E402
 from mono_jit.templates.k2 import moe_reference as moe  # noqa: E402

@@ -11,7 +11,7 @@ import torch
 from cache_settings import settings_at
 from sparse_memory import GiB, sparse_bytes
 
-from mono_jit.build.prebuild import prebuild
+from mono_jit.pipeline.prebuild import prebuild
 from mono_jit.selfcheck.cases import k1_case, keytable_case, router_case
 from mono_jit.selfcheck.emulated import emulated_launcher
 from mono_jit.selfcheck.k1_world import BLOCK, PAGE_STRIDE, PAGES, K1Run, random_weights, scratch

@@ -156,7 +156,7 @@ def _rank_main(rank: int, port: int, ratio: int, results) -> None:
     part one from the cache through the runner's HIP backend, three launches in a row."""
     import torch.distributed as dist
 
-    from mono_jit.build.resolve import resolve
+    from mono_jit.pipeline.resolve import resolve
     from mono_jit.runtime.backends import HipBackend
     from mono_jit.runtime.hip import Hip
     from mono_jit.runtime.peer import DeviceBuffer, exchange

@@ -53,11 +53,11 @@ def test_gate_rejects_with_figures(router_entry):
 
 
 def test_finish_refuses_launches_that_differ_from_the_template(router_entry, tmp_path):
-    from mono_jit.build.job import BuildJob
+    from mono_jit.pipeline.job import BuildJob
     from mono_jit.errors import CompileError
     from mono_jit.spec import Spec
     from mono_jit.templates import get
-    from mono_jit.build.workers import Outcome
+    from mono_jit.pipeline.workers import Outcome
 
     job = BuildJob.plan(get("router"), Spec.from_dict(router_entry.meta.build_spec), router_entry.meta.toolchain)
     store = Store(settings_at(tmp_path / "c"))

@@ -11,7 +11,7 @@ import pytest
 from cache_settings import settings_at
 
 from mono_jit.cache import Store
-from mono_jit.build.workers import Outcome
+from mono_jit.pipeline.workers import Outcome
 
 # router + keytable at ratio 4 and 128 (8192 = a 1M context), max_tokens 1: cache_settings.SMALL_SPECS,
 # three keys, all in the golden cache.
@@ -42,5 +42,5 @@ def answer_compiles_from(cache: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
                     yield Outcome(item[0], "ok", {"hsaco": entry.hsaco, "launches": [launch.to_json() for launch in entry.meta.launches],
                                                   "seconds": 0.0})
 
-    monkeypatch.setattr("mono_jit.build.workers.WorkerPool", GoldenPool)
+    monkeypatch.setattr("mono_jit.pipeline.workers.WorkerPool", GoldenPool)
     return source

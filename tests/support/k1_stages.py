@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from mono_jit.config import Settings
 from mono_jit.spec import Spec
-from mono_jit.build.toolchain import compile_environment, resolve_toolchain
-from mono_jit.build.workers import WorkerPool
+from mono_jit.pipeline.toolchain import compile_environment, resolve_toolchain
+from mono_jit.pipeline.workers import WorkerPool
 
 
 STAGES = {"k1": range(1, 7), "k2": range(1, 20)}
@@ -16,7 +16,7 @@ def compile_stages(template: str, spec_data: dict, stages: tuple[int, ...]) -> t
     """(HSACO, launches) of the template's kernel holding only `stages`; runs inside a worker."""
     import importlib
 
-    from mono_jit.build.compile import compile_build
+    from mono_jit.pipeline.compile import compile_build
 
     build = importlib.import_module(f"mono_jit.templates.{template}.kernel").build
     return compile_build(build(Spec.from_dict(spec_data), frozenset(stages)))
@@ -29,7 +29,7 @@ def compile_without_wait(template: str, spec_data: dict, stages: tuple[int, ...]
     import importlib
     from dataclasses import replace
 
-    from mono_jit.build.compile import compile_build
+    from mono_jit.pipeline.compile import compile_build
 
     kernel = importlib.import_module(f"mono_jit.templates.{template}.kernel")
     schedule = tuple(replace(s, waits=()) if s.number == waitless else s for s in kernel.SCHEDULE)

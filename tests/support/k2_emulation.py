@@ -22,8 +22,8 @@ from mono_jit.templates.kernargs import DeclaredMeta, DeclaredTable, pack
 from mono_jit.spec import Spec
 from mono_jit.templates import get
 from mono_jit.templates.k2 import moe_reference as moe
-from mono_jit.build.toolchain import compile_environment, resolve_toolchain
-from mono_jit.build.workers import WorkerPool
+from mono_jit.pipeline.toolchain import compile_environment, resolve_toolchain
+from mono_jit.pipeline.workers import WorkerPool
 
 EXPERTS = 384
 

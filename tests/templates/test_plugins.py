@@ -14,18 +14,18 @@ import pytest
 from cache_settings import SMALL_SPECS, settings_at
 from click.testing import CliRunner
 
-from mono_jit.build.job import BuildJob
+from mono_jit.pipeline.job import BuildJob
 from mono_jit.cache import Store
 from mono_jit.config import Settings
-from mono_jit.build.deployment import default_templates
+from mono_jit.pipeline.deployment import default_templates
 from mono_jit.errors import CompileError, MonoJitError, TemplateError
-from mono_jit.build.prebuild import plan, prebuild
-from mono_jit.build.deployment import LAYER_TEMPLATES
+from mono_jit.pipeline.prebuild import plan, prebuild
+from mono_jit.pipeline.deployment import LAYER_TEMPLATES
 from mono_jit.spec import Spec
 from mono_jit.templates import discovery, get, names, problems, register, registry
 from mono_jit.templates.base import PACKAGE_DIR
-from mono_jit.build.toolchain import compile_environment, resolve_toolchain
-from mono_jit.build.workers import Outcome
+from mono_jit.pipeline.toolchain import compile_environment, resolve_toolchain
+from mono_jit.pipeline.workers import Outcome
 
 FP = {"flydsl": "0.5.0", "record": "r", "ld_lld": "22.1.8", "bitcode": "b"}
 SPEC = Spec(8, 4, 1024, 1)
@@ -225,7 +225,7 @@ def test_register_refuses_a_declared_name(plugins):
 ])
 def test_a_launch_shape_that_is_not_constant_fails_before_compiling(plugins, monkeypatch, grid, expected):
     plugins("plug_grid", grid=grid)
-    monkeypatch.setattr("mono_jit.build.workers.WorkerPool", None)  # nothing may start a compile
+    monkeypatch.setattr("mono_jit.pipeline.workers.WorkerPool", None)  # nothing may start a compile
     summary, planned = prebuild([get("plug_grid")], [SPEC], Settings(), jobs=1, timeout=60)
     assert planned == [] and summary.compiled == 0
     (failure,) = summary.failed
@@ -313,7 +313,7 @@ def test_prebuild_defaults_to_the_layers_registered_templates_plus_configured_on
 
 
 def test_prebuild_without_a_layer_template_says_so(monkeypatch):
-    monkeypatch.setattr("mono_jit.build.deployment.names", lambda: ["router"])
+    monkeypatch.setattr("mono_jit.pipeline.deployment.names", lambda: ["router"])
     with pytest.raises(MonoJitError, match="none of the layer's templates .* is registered"):
         default_templates(Settings({}))
     assert default_templates(Settings({"MONO_JIT_PREBUILD_TEMPLATES": "router"})) == ["router"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mono_jit.build.deployment import LAYER_TEMPLATES
+from mono_jit.pipeline.deployment import LAYER_TEMPLATES
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "vecadd"
 MONO_JIT = Path(sys.executable).with_name("mono-jit")

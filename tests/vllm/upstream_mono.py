@@ -229,7 +229,7 @@ def prebuilt(builds: dict[str, Iterable[Spec]], folder: Path, cache: Path, helpe
     from cache_settings import settings_at
 
     from mono_jit.cache import Store
-    from mono_jit.build.prebuild import prebuild
+    from mono_jit.pipeline.prebuild import prebuild
     from mono_jit.templates import get, registry
 
     write_plugin(folder, helpers)

@@ -19,7 +19,7 @@ from mono_jit.cache.oci.client import Registry
 from mono_jit.cache.oci.reference import parse_reference
 from mono_jit.cli import main
 from mono_jit.errors import OfflineMiss
-from mono_jit.build.resolve import resolve_many
+from mono_jit.pipeline.resolve import resolve_many
 from mono_jit.spec import Spec
 
 ROUTER = ("router", Spec(8, 4, 1024, 1))

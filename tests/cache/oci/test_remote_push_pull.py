@@ -17,7 +17,7 @@ from mono_jit.cache.oci.artifact import CONFIG_BYTES, build_manifest, digest_of
 from mono_jit.cache.oci.client import Registry
 from mono_jit.cache.oci.reference import parse_reference
 from mono_jit.cli import main
-from mono_jit.build.resolve import resolve_many
+from mono_jit.pipeline.resolve import resolve_many
 
 
 def cli(*args: str) -> tuple[int, dict | str]:

@@ -15,8 +15,8 @@ from cache_settings import SMALL_SPECS, settings_at
 from oci_registry import new_ref, oci_proxy, oci_registry, pushed, remote_env  # noqa: F401  (fixtures)
 
 from mono_jit.cache import Store
-from mono_jit.build.prebuild import prebuild
-from mono_jit.build.resolve import resolve_many
+from mono_jit.pipeline.prebuild import prebuild
+from mono_jit.pipeline.resolve import resolve_many
 from mono_jit.spec import Spec
 from mono_jit.templates import get
 

@@ -18,8 +18,8 @@ from mono_jit.emulator import CodeObject, LaunchReport, Machine
 from mono_jit.hsaco.metadata import inspect_code_object
 from mono_jit.cache.meta import LaunchDims, StoredArgument
 from mono_jit.templates.kernargs import DeclaredMeta, DeclaredTable, pack
-from mono_jit.build.toolchain import compile_environment, resolve_toolchain
-from mono_jit.build.workers import WorkerPool
+from mono_jit.pipeline.toolchain import compile_environment, resolve_toolchain
+from mono_jit.pipeline.workers import WorkerPool
 
 ARCH = "gfx950"
 MODULES = ("lanes", "conversions", "mfma", "memory")
@@ -47,7 +47,7 @@ class Compiled:
 def compile_all() -> dict[str, dict[str, Any]]:
     """Compile every micro-kernel in this process (a compile worker): name -> hsaco, launches,
     arguments."""
-    from mono_jit.build.compile import compile_build
+    from mono_jit.pipeline.compile import compile_build
     from mono_jit.templates.checks import match_build
 
     out = {}

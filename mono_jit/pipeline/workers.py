@@ -21,7 +21,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Iterable, Iterator
 
 # argv: the job pipe's fd, the result pipe's fd, then the caller's sys.path.
-_BOOT = "import sys; sys.path[:] = sys.argv[3:]; from mono_jit.build.workers import serve; serve(int(sys.argv[1]), int(sys.argv[2]))"
+_BOOT = "import sys; sys.path[:] = sys.argv[3:]; from mono_jit.pipeline.workers import serve; serve(int(sys.argv[1]), int(sys.argv[2]))"
 
 
 @dataclass(frozen=True)

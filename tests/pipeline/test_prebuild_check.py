@@ -17,11 +17,11 @@ from click.testing import CliRunner
 from cache_settings import joined_grid, settings_at
 from mono_jit import api
 from mono_jit.cli import main
-from mono_jit.build.deployment import default_templates
-from mono_jit.build.prebuild import plan
+from mono_jit.pipeline.deployment import default_templates
+from mono_jit.pipeline.prebuild import plan
 from mono_jit.spec import deployment_grid
 from mono_jit.templates import get
-from mono_jit.build.toolchain import resolve_toolchain
+from mono_jit.pipeline.toolchain import resolve_toolchain
 
 # The CLI in a process where FlyDSL cannot be imported (a lean serving image); it fails if
 # anything of FlyDSL, MLIR or the compile side was loaded all the same.
@@ -32,8 +32,8 @@ from mono_jit.cli import main
 try:
     main(sys.argv[1:])
 finally:
-    loaded = [m for m in sys.modules if m.startswith(("flydsl.", "_mlir", "mono_jit.build.compile", "mono_jit.build.workers",
-                                                      "mono_jit.build.prebuild", "mono_jit.cache.lock"))]
+    loaded = [m for m in sys.modules if m.startswith(("flydsl.", "_mlir", "mono_jit.pipeline.compile", "mono_jit.pipeline.workers",
+                                                      "mono_jit.pipeline.prebuild", "mono_jit.cache.lock"))]
     assert not loaded, loaded
 """
 

@@ -18,16 +18,16 @@ import pytest
 from click.testing import CliRunner
 
 from cache_settings import settings_at
-from mono_jit.build.job import BuildJob
+from mono_jit.pipeline.job import BuildJob
 from mono_jit.cache import Entry, EntryMeta, Store, cache_key
 from mono_jit.cache.store import meta_bytes, meta_digest, toolchain_record
-import mono_jit.build.resolve as resolver
+import mono_jit.pipeline.resolve as resolver
 from mono_jit.cli import main
 from mono_jit.errors import OfflineMiss
-from mono_jit.build.resolve import resolve, resolve_many
+from mono_jit.pipeline.resolve import resolve, resolve_many
 from mono_jit.spec import Spec
 from mono_jit.templates import get
-from mono_jit.build.toolchain import describe, resolve_toolchain
+from mono_jit.pipeline.toolchain import describe, resolve_toolchain
 
 ROUTER, KEYTABLE = Spec(8, 4, 1024, 1), Spec(8, 128, 8192, 1)
 
@@ -77,7 +77,7 @@ def test_an_offline_serving_host_hits_the_build_machines_entries_with_one_log_li
                                                                                    caplog):
     built, served = fingerprints(warm_cache, serving_bitcode)
     settings = serving(warm_cache, serving_bitcode, MONO_JIT_OFFLINE="1")
-    with caplog.at_level(logging.INFO, logger="mono_jit.build.resolve"):
+    with caplog.at_level(logging.INFO, logger="mono_jit.pipeline.resolve"):
         router, keytable = resolve_many([("router", ROUTER), ("keytable", KEYTABLE)], settings=settings)
         again = resolve("router", ROUTER, settings=settings)
     assert router.entry.key == key("router", ROUTER, built) != key("router", ROUTER, served)
@@ -125,7 +125,7 @@ def _republish(cache, template: str, spec: Spec, fingerprint: dict) -> Entry:
 def test_this_hosts_own_toolchains_entry_is_preferred(warm_cache, serving_bitcode, caplog):
     built, served = fingerprints(warm_cache, serving_bitcode)
     own = _republish(warm_cache, "router", ROUTER, served)
-    with caplog.at_level(logging.INFO, logger="mono_jit.build.resolve"):
+    with caplog.at_level(logging.INFO, logger="mono_jit.pipeline.resolve"):
         hit = resolve("router", ROUTER, settings=serving(warm_cache, serving_bitcode, MONO_JIT_OFFLINE="1"))
         back_home = resolve("router", ROUTER, settings=settings_at(warm_cache, MONO_JIT_OFFLINE="1"))
     assert hit.entry.key == own.key == key("router", ROUTER, served)

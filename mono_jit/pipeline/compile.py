@@ -1,6 +1,6 @@
 """The worker side of a build: trace and compile one template for one spec, return the HSACO.
 
-Runs inside a compile worker (build/workers.py) whose environment is already sanitised. Uses
+Runs inside a compile worker (pipeline/workers.py) whose environment is already sanitised. Uses
 ``flyc.compile`` with CPU placeholders only: a direct jit call on a GPU-less machine launches,
 so it loads libamdhip64 and aborts the process. The HSACO is read from FlyDSL's final MLIR (``_keepalive.ir``, a private
 attribute: FlyDSL is pinned and tests cover this extraction), together with every

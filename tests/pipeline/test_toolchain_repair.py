@@ -18,10 +18,10 @@ import pytest
 
 from cache_settings import SMALL_SPECS, settings_at
 from mono_jit.errors import ToolchainError
-from mono_jit.build.prebuild import prebuild
+from mono_jit.pipeline.prebuild import prebuild
 from mono_jit.spec import Spec
 from mono_jit.templates import get
-from mono_jit.build.toolchain import Linker, stage_root
+from mono_jit.pipeline.toolchain import Linker, stage_root
 
 
 def _staged_roots(root: Path) -> list[Path]:
@@ -133,7 +133,7 @@ RUN = textwrap.dedent("""
     os.umask(int(sys.argv[2], 8))
     from mono_jit.config import Settings
     from mono_jit.cache import Store
-    from mono_jit.build.toolchain import resolve_toolchain
+    from mono_jit.pipeline.toolchain import resolve_toolchain
     settings = Settings({**os.environ, "MONO_JIT_CACHE_DIR": sys.argv[1]})
     toolchain = resolve_toolchain(settings)  # writes the probe memo
     print(toolchain.rocm_path)  # stages the root, as a compile does

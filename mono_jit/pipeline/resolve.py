@@ -2,7 +2,7 @@
 
 ``resolve`` checks the store (read-only layers, then the writable one); on a miss it takes the
 key's lock, checks again and compiles in an isolated worker (the steps of a miss, shared with
-prebuild: build/miss.py), so eight ranks starting together compile each key once. When this host's
+prebuild: pipeline/miss.py), so eight ranks starting together compile each key once. When this host's
 toolchain has no entry for a build (a ROCm image brings FlyDSL, ld.lld and bitcode of its own; a
 lean image has none to fingerprint), the same build by another toolchain the layers hold serves,
 verified as any entry, with one log line naming that toolchain; ``MONO_JIT_EXACT_TOOLCHAIN=1``
@@ -13,19 +13,19 @@ another toolchain, unreadable). With ``MONO_JIT_REMOTE`` set, a miss asks that r
 under the key's lock (even offline; see mono_jit/cache/oci/tier.py). A writable store counts
 hits, misses and compiles in memory, written once at process exit (cache/stats.py, `mono-jit
 stats`). A disk error (full, read-only, a file in the way) is a one-line MonoJitError naming
-the path and what to do. Compile workers are fresh interpreters (build/workers.py), so a caller's script
+the path and what to do. Compile workers are fresh interpreters (pipeline/workers.py), so a caller's script
 needs no ``if __name__ == "__main__"`` guard. Inside a CUDA/HIP
 graph capture it raises before touching the disk. ``resolve_many`` resolves a runner's whole
 grid with one settings / store / toolchain resolution.
 
 A hit imports neither torch, FlyDSL, MLIR nor the compile side (compiler, workers, the lock,
-build/miss.py), nor the code object records (hsaco/metadata.py: a load checks the ELF header only), and not
-glob, hashlib, logging, shutil or uuid either (tests/build/test_warm_load.py, bench/warm_load.py).
+pipeline/miss.py), nor the code object records (hsaco/metadata.py: a load checks the ELF header only), and not
+glob, hashlib, logging, shutil or uuid either (tests/pipeline/test_warm_load.py, bench/warm_load.py).
 Every record a hit defines (Spec, the entry's metadata, the store's Entry, the template's
 declarations, the toolchain, Resolved) is a Record (mono_jit/record.py), or a plain class
 (Counters, mutable; the schema's shapes, internal): Python 3.11 generates and compiles a
 dataclass's methods when the class is defined, and a NamedTuple's ``__new__``: with 23 records
-they cost a fresh process's first hit 3 ms in 17 (tests/build/test_warm_load.py wants none of either).
+they cost a fresh process's first hit 3 ms in 17 (tests/pipeline/test_warm_load.py wants none of either).
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ class _Session:
         self._digests: dict[int, tuple[Template, str]] = {}  # id -> (template, its source digest)
 
     def misses(self) -> Misses:
-        """The steps of a miss (mono_jit/build/miss.py), set up at the session's first miss."""
+        """The steps of a miss (mono_jit/pipeline/miss.py), set up at the session's first miss."""
         if self._misses is None:
             from .miss import Misses  # only a miss needs it: the lock, the workers, the compiler
 

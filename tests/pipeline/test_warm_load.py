@@ -12,14 +12,14 @@ import pytest
 from cache_settings import SMALL_SPECS, settings_at
 from mono_jit.cache import Store
 from mono_jit.errors import OfflineMiss
-from mono_jit.build.resolve import resolve, resolve_many
+from mono_jit.pipeline.resolve import resolve, resolve_many
 
 # Modules a warm load must not import: FlyDSL and its MLIR, torch, and the compile side
-# (mono_jit.build.job stays: it plans keys; finishing a build is only called on a miss), the code object
+# (mono_jit.pipeline.job stays: it plans keys; finishing a build is only called on a miss), the code object
 # object reader (a load checks the ELF header only, mono_jit.hsaco.elf_header, and parses the stored records of
 # mono_jit.hsaco.kernel_info) and glob.
-ABSENT_PREFIXES = ("flydsl", "_mlir", "mlir", "torch", "mono_jit.build.compile", "mono_jit.build.workers",
-                   "mono_jit.build.prebuild", "mono_jit.build.miss", "mono_jit.cache.lock", "filelock", "multiprocessing",
+ABSENT_PREFIXES = ("flydsl", "_mlir", "mlir", "torch", "mono_jit.pipeline.compile", "mono_jit.pipeline.workers",
+                   "mono_jit.pipeline.prebuild", "mono_jit.pipeline.miss", "mono_jit.cache.lock", "filelock", "multiprocessing",
                    "elftools", "msgpack", "subprocess", "hashlib", "logging", "shutil", "uuid", "mono_jit.hsaco.metadata",
                    "glob")
 
@@ -36,7 +36,7 @@ def record_tuple(name, *args, **kwargs):
     defined.append(f"namedtuple {name}")
     return namedtuple(name, *args, **kwargs)
 dataclasses._process_class, collections.namedtuple = record, record_tuple
-from mono_jit.build.resolve import resolve_many
+from mono_jit.pipeline.resolve import resolve_many
 from mono_jit.spec import Spec
 pairs = [(t, Spec.from_dict(s)) for t, s in json.loads(sys.argv[1])]
 resolved = resolve_many(pairs)

@@ -137,7 +137,7 @@ import json, sys, time
 from pathlib import Path
 from mono_jit.cache import Store
 from mono_jit.config import Settings
-from mono_jit.build.prebuild import prebuild
+from mono_jit.pipeline.prebuild import prebuild
 from mono_jit.spec import Spec
 from mono_jit.templates import get
 

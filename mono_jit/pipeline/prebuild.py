@@ -1,7 +1,7 @@
 """Ahead-of-time fill of the cache: every template at every spec of a deployment grid.
 
 Jobs are de-duplicated by key (a template that does not read a field compiles once across its
-values), hits are counted without compiling, and misses take the steps of a miss (build/miss.py): each
+values), hits are counted without compiling, and misses take the steps of a miss (pipeline/miss.py): each
 key's lock (so a concurrent prebuild or serving process never compiles the same key twice), a
 second look, the registry tier when MONO_JIT_REMOTE names one (what it holds is fetched, not
 compiled), then a pool of compile workers.
@@ -167,7 +167,7 @@ def prebuild(templates: list[Template], specs: list[Spec], settings: Settings, *
 
 
 class _Batch:
-    """Fills missing jobs (build/miss.py's steps) with a pool, each under its key's lock, looked up
+    """Fills missing jobs (pipeline/miss.py's steps) with a pool, each under its key's lock, looked up
     again and asked of the registry tier once locked. `held` maps the key of every job in
     flight to its lock."""
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from cache_settings import settings_at
-from mono_jit.build.toolchain import ProbeMemo, _expand, resolve_toolchain
+from mono_jit.pipeline.toolchain import ProbeMemo, _expand, resolve_toolchain
 
 
 @pytest.mark.parametrize("pattern", ["*/amdgcn/bitcode", "llvm-*/bin/ld.lld", "llvm-*/lib/clang/*/lib/amdgcn/bitcode",
@@ -74,7 +74,7 @@ def test_fingerprint_has_no_paths_and_is_stable(tmp_path):
 
 HIT = """
 import sys
-from mono_jit.build.resolve import resolve
+from mono_jit.pipeline.resolve import resolve
 from mono_jit.spec import Spec
 assert not resolve("keytable", Spec(8, 128, 8192, 1)).compiled
 print(" ".join(m for m in ("flydsl", "torch", "filelock", "multiprocessing") if m in sys.modules))

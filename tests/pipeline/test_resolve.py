@@ -6,9 +6,9 @@ import types
 import pytest
 
 from cache_settings import settings_at
-from mono_jit.build.job import BuildJob
+from mono_jit.pipeline.job import BuildJob
 from mono_jit.errors import CaptureError, OfflineMiss, ToolchainError
-from mono_jit.build.resolve import resolve
+from mono_jit.pipeline.resolve import resolve
 from mono_jit.spec import Spec
 from mono_jit.templates import get
 

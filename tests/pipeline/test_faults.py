@@ -17,14 +17,14 @@ from click.testing import CliRunner
 
 from cache_settings import settings_at
 from golden_pool import PREBUILD
-from mono_jit.build.job import BuildJob
+from mono_jit.pipeline.job import BuildJob
 from mono_jit.cache import Entry, Store
 from mono_jit.cli import main
 from mono_jit.errors import MonoJitError, OfflineMiss
-from mono_jit.build.resolve import resolve
+from mono_jit.pipeline.resolve import resolve
 from mono_jit.spec import Spec, deployment_grid
 from mono_jit.templates import get
-from mono_jit.build.toolchain import resolve_toolchain
+from mono_jit.pipeline.toolchain import resolve_toolchain
 
 def fail_fsync(monkeypatch, code):
     """Every fsync fails with `code` (where a full disk usually shows: delayed allocation)."""
