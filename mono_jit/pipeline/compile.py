@@ -72,6 +72,14 @@ def compile_build(build: "Build") -> tuple[bytes, list[dict]]:
     return extract(compiled._keepalive.ir)
 
 
+def load_compiler() -> None:
+    """What every compile imports (FlyDSL's compiler, the templates), loaded once per worker
+    before it forks its first job child (pipeline/workers.py), not once per job."""
+    import flydsl.compiler  # noqa: F401
+
+    from .. import templates  # noqa: F401
+
+
 def compile_here(template_name: str, spec_data: dict) -> dict:
     """Trace + compile in this process; {'hsaco', 'launches', 'seconds'}. Called in a worker."""
     from ..templates import checks, get

@@ -47,10 +47,10 @@ def registry_tier(settings: Settings) -> RemoteTier | None:
 
 def compile_pool(toolchain: Toolchain, arch: str, jobs: int, timeout: float) -> WorkerPool:
     """`jobs` fresh compile workers for `arch`, in the toolchain's clean environment."""
-    from .compile import compile_here
+    from .compile import compile_here, load_compiler
     from .workers import WorkerPool
 
-    return WorkerPool(jobs, compile_environment(toolchain, arch), compile_here, timeout)
+    return WorkerPool(jobs, compile_environment(toolchain, arch), compile_here, timeout, load_compiler)
 
 
 class Misses:

@@ -7,11 +7,19 @@ module's ``serve``: not a fork, and not multiprocessing's spawn, which re-import
 the worker). It starts with exactly the given environment, so FlyDSL sees the sanitised variables
 (toolchain.compile_environment), and with the caller's sys.path, so the target, pickled by
 reference, imports as it does in the caller. Jobs and results travel over two private pipes.
+
+For bytes that repeat (pipeline/repeatable.py) a worker runs without address-space
+randomisation and with one hash seed, loads what the jobs need once (the pool's `preload`), then
+forks one child per job: the child reads the job, runs it on a thread of its own (a fresh malloc
+arena), answers and exits, so every job starts from the same memory whatever the worker ran
+before. A child that dies takes its worker with it
+the same way (signal or exit code), so the caller sees the crash as before.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -20,8 +28,11 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Iterable, Iterator
 
+from .repeatable import in_own_arena, seeded, without_aslr
+
 # argv: the job pipe's fd, the result pipe's fd, then the caller's sys.path.
-_BOOT = "import sys; sys.path[:] = sys.argv[3:]; from mono_jit.pipeline.workers import serve; serve(int(sys.argv[1]), int(sys.argv[2]))"
+_BOOT = "import sys; sys.path[:] = sys.argv[3:]; from mono_jit.pipeline.workers import boot; boot()"
+_END_OF_JOBS = 3  # a job child's exit code when there is no job left (0: it answered one)
 
 
 @dataclass(frozen=True)
@@ -37,40 +48,82 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {detail}\n{traceback.format_exc(limit=6)}"
 
 
+def boot() -> None:
+    """A worker's start (argv as `_BOOT` gives it): once without address-space randomisation,
+    then `serve`."""
+    without_aslr(["-c", _BOOT, *sys.argv[1:]])
+    serve(int(sys.argv[1]), int(sys.argv[2]))
+
+
 def serve(jobs_fd: int, results_fd: int) -> None:
-    """The worker's loop: receive the target, then (job_id, args) until None or end of input."""
+    """The worker's loop: receive (target, preload), run preload, then fork a child per job
+    until a child finds None or the end of input."""
     jobs, results = Connection(jobs_fd, writable=False), Connection(results_fd, readable=False)
     try:
-        target, broken = jobs.recv(), None
+        target, preload = jobs.recv()
+        broken = None
+        if preload is not None:
+            preload()
     except EOFError:
         return
-    except BaseException as exc:  # the target does not import here: every job says why
+    except BaseException as exc:  # the target does not import or preload fails here: every job says why
         target, broken = None, _error(exc)
     while True:
-        try:
-            message = jobs.recv()
-        except EOFError:
-            return
-        if message is None:
-            return
-        job_id, args = message
-        if broken is not None:
-            results.send((job_id, "error", broken))
+        child = os.fork()
+        if child == 0:
+            code = 1
+            try:
+                code = _answer_one(jobs, results, target, broken)
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        status = os.waitpid(child, 0)[1]
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
             continue
-        try:
-            results.send((job_id, "ok", target(*args)))
-        except BaseException as exc:  # report everything; the parent decides
-            results.send((job_id, "error", _error(exc)))
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == _END_OF_JOBS:
+            return
+        _die_as(status)
+
+
+def _answer_one(jobs: Connection, results: Connection, target: Any, broken: str | None) -> int:
+    """In a job child: receive one (job_id, args), send (job_id, status, value); the exit code."""
+    try:
+        message = jobs.recv()
+    except EOFError:
+        return _END_OF_JOBS
+    if message is None:
+        return _END_OF_JOBS
+    job_id, args = message
+    if broken is not None:
+        results.send((job_id, "error", broken))
+        return 0
+    try:
+        results.send((job_id, "ok", in_own_arena(target, *args)))
+    except BaseException as exc:  # report everything; the parent decides
+        results.send((job_id, "error", _error(exc)))
+    return 0
+
+
+def _die_as(status: int) -> None:
+    """End this worker the way its job child ended (the signal, else the exit code)."""
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        if number != signal.SIGKILL:  # SIGKILL has no handler to reset
+            signal.signal(number, signal.SIG_DFL)
+        os.kill(os.getpid(), number)
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 
 
 class _Worker:
-    def __init__(self, env: dict[str, str], target: Callable[..., Any]) -> None:
+    def __init__(self, env: dict[str, str], target: Callable[..., Any], preload: Callable[[], None] | None) -> None:
         jobs_r, jobs_w = os.pipe()
         results_r, results_w = os.pipe()
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", _BOOT, str(jobs_r), str(results_w), *sys.path],
-                env=env, stdin=subprocess.DEVNULL, pass_fds=(jobs_r, results_w),
+                env=seeded(env), stdin=subprocess.DEVNULL, pass_fds=(jobs_r, results_w),
+                start_new_session=True,  # its own process group: `stop` kills a running job child too
             )
         except BaseException:
             for fd in (jobs_w, results_r):
@@ -83,14 +136,14 @@ class _Worker:
         self.jobs = Connection(jobs_w, readable=False)
         self.job: Any = None
         self.started = 0.0
-        self.send(target)
+        self.send((target, preload))
 
     def send(self, message: Any) -> None:
         self.jobs.send(message)
 
     def stop(self, kill: bool = False) -> None:
         if kill:
-            self.process.kill()
+            self._kill()
         else:
             try:
                 self.send(None)
@@ -99,22 +152,31 @@ class _Worker:
         try:
             self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            self.process.kill()
+            self._kill()
             self.process.wait()
         self.jobs.close()
         self.conn.close()
+
+    def _kill(self) -> None:
+        """SIGKILL to the worker and its job child (one process group)."""
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # the group is gone: the worker and its child have both ended
 
 
 _END = object()
 
 
 class WorkerPool:
-    """`size` workers calling `target(*args)` for each submitted job."""
+    """`size` workers calling `target(*args)` for each submitted job; each worker calls
+    `preload()` once before its first job (what every job would import)."""
 
-    def __init__(self, size: int, env: dict[str, str], target: Callable[..., Any], timeout: float) -> None:
+    def __init__(self, size: int, env: dict[str, str], target: Callable[..., Any], timeout: float,
+                 preload: Callable[[], None] | None = None) -> None:
         if size < 1:
             raise ValueError(f"jobs={size}: expected at least 1 worker")
-        self._env, self._target, self._timeout = env, target, timeout
+        self._env, self._target, self._timeout, self._preload = env, target, timeout, preload
         self._size = size
         self._workers: list[_Worker] = []
 
@@ -154,7 +216,7 @@ class WorkerPool:
     def _submit(self, job_id: Any, args: tuple) -> None:
         worker = next((w for w in self._workers if w.job is None), None)
         if worker is None:
-            worker = _Worker(self._env, self._target)
+            worker = _Worker(self._env, self._target, self._preload)
             self._workers.append(worker)
         worker.send((job_id, args))
         worker.job, worker.started = job_id, time.monotonic()
