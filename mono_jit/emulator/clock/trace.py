@@ -23,7 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import typed
 
 from .. import ops as O
 from ..decode import (F_BASE, F_CLASS, F_FLAGS, F_FORMAT, F_OFFSET, F_OFFSET1, F_SOFF, F_SRC0, FLAG_OFFEN,
@@ -85,23 +84,29 @@ class Trace:
 
 def off_state() -> tuple:
     """The tuple the interpreter takes when the clock is off (R_ON is 0; nothing else is read)."""
-    lines = typed.List([np.zeros(1, np.uint64)])
-    writers = typed.List([np.zeros(1, np.int64)])
-    return (np.zeros(4, np.int64), np.zeros((1, FIELDS), np.int64), np.zeros((1, A_FIELDS), np.int64), lines,
-            writers, np.zeros(1, np.int64))
+    return _arrays(np.zeros(4, np.int64), 1, 1, [0], [False], np.zeros(1, np.int64))
 
 
 def build(options: Clock, sizes: list[int], writable: list[bool], waves: int, xcd_bits: np.ndarray) -> tuple:
-    """The recorder's arrays for a launch: per allocation a line-state word (bit 8 d + x: the
-    line is in device d's XCD x's L2) and, when writable, a last-writer word per 4 bytes."""
-    lines = typed.List([np.zeros(max(-(-size // LINE), 1), np.uint64) for size in sizes] or [np.zeros(1, np.uint64)])
-    writers = typed.List([np.full(max(-(-size // 4), 1) if w else 1, -1, np.int64) for size, w in zip(sizes, writable)]
-                         or [np.zeros(1, np.int64)])
-    acc = np.zeros((max(waves, 1), A_FIELDS), np.int64)
-    acc[:, A_LAST_LOAD] = -1
+    """The recorder's arrays for a launch: for each allocation's 128-byte lines a state word
+    (bit 8 d + x: the line is in device d's XCD x's L2) and, for each 4 bytes of a writable
+    one, the event that last stored there (-1: none); flat, allocation k's from LOFF[k] /
+    WOFF[k] (numba reads flat arrays much faster than a list of them)."""
     ctl = np.zeros(4, np.int64)
     ctl[R_ON] = 1
-    return ctl, np.zeros((options.events, FIELDS), np.int64), acc, lines, writers, xcd_bits
+    return _arrays(ctl, options.events, waves, sizes, writable, xcd_bits)
+
+
+def _arrays(ctl: np.ndarray, events: int, waves: int, sizes: list[int], writable: list[bool],
+            xcd_bits: np.ndarray) -> tuple:
+    line_counts = [-(-size // LINE) for size in sizes] or [0]
+    word_counts = [-(-size // 4) if w else 0 for size, w in zip(sizes, writable)] or [0]
+    loff = np.concatenate(([0], np.cumsum(line_counts))).astype(np.int64)
+    woff = np.concatenate(([0], np.cumsum(word_counts))).astype(np.int64)
+    acc = np.zeros((max(waves, 1), A_FIELDS), np.int64)
+    acc[:, A_LAST_LOAD] = -1
+    return (ctl, np.zeros((events, FIELDS), np.int64), acc, np.zeros(max(int(loff[-1]), 1), np.uint64),
+            np.full(max(int(woff[-1]), 1), -1, np.int64), xcd_bits, loff, woff)
 
 
 def collect(TR: tuple, WS: np.ndarray, ctas_first_wave: np.ndarray) -> Trace:
@@ -150,10 +155,9 @@ def _new_event(TR, w, kind, i):
 
 
 @njit(cache=True)
-def _touch_line(TR, e, ALLOC, k, line, bit, storing):
-    """Count line `line` of allocation k at the level that serves it and mark it in the
-    reader's L2; a store leaves it in the writer's L2 only."""
-    ev, state = TR[1], TR[3][k]
+def _touch_line(ev, e, state, line, bit, storing):
+    """Count line state `line` at the level that serves it and mark it in the reader's L2; a
+    store leaves it in the writer's L2 only."""
     held = state[line]
     mine = np.uint64(1) << np.uint64(bit)
     if held & mine:
@@ -211,15 +215,14 @@ def _access_bytes(op):
 
 
 @njit(cache=True)
-def _words(TR, e, ALLOC, k, address, size, w, storing, loading):
+def _words(ev, e, writers, woff, ALLOC, k, address, size, w, storing, loading):
     """Stamp the 4-byte words a store reaches with event e; for a load keep the latest writer
-    from another wave."""
-    ev, writers = TR[1], TR[4][k]
+    from another wave (allocation k's last-writer words start at woff[k])."""
     if not ALLOC[k, 2] & 1:  # read-only: no writer
         return
-    first = (address - ALLOC[k, 0]) >> 2
-    last = (address - ALLOC[k, 0] + size - 1) >> 2
-    for g in range(first, min(last + 1, writers.shape[0])):
+    first = woff[k] + ((address - ALLOC[k, 0]) >> 2)
+    last = woff[k] + ((address - ALLOC[k, 0] + size - 1) >> 2)
+    for g in range(first, min(last + 1, woff[k + 1])):
         if loading:
             s = writers[g]
             if s >= 0 and ev[s, E_WAVE] != w and s > ev[e, E_WRITER]:
@@ -241,30 +244,34 @@ def _vector(TR, P, i, w, S, V, ALLOC, ex, op, bit):
         r = P[i, F_BASE]
         base = np.int64(S[w, r]) | (np.int64(S[w, r + 1]) & 0xFFFF) << 32
         soffset = np.int64(S[w, P[i, F_SOFF]]) if 0 <= P[i, F_SOFF] < 106 else np.int64(0)
-    seen = np.full(128, -1, np.int64)
+    seen = np.empty(128, np.int64)
     n_seen = 0
+    k = -1
+    state, writers, loff, woff = TR[3], TR[4], TR[6], TR[7]
     for lane in range(64):
         if not ex >> lane & 1:
             continue
         address = _lane_address(P, i, w, S, V, lane, base, soffset)
-        k = _find(ALLOC, address)
-        if k < 0:
-            continue
+        if k < 0 or not (ALLOC[k, 0] <= address < ALLOC[k, 0] + ALLOC[k, 1]):
+            k = _find(ALLOC, address)
+            if k < 0:
+                continue
         if ev[e, E_ALLOC] < 0:
             ev[e, E_ALLOC] = k
         ev[e, E_BYTES] += size
-        _words(TR, e, ALLOC, k, address, size, w, storing, not storing or atomic)
+        _words(ev, e, writers, woff, ALLOC, k, address, size, w, storing, not storing or atomic)
         for line in ((address - ALLOC[k, 0]) // LINE, (address - ALLOC[k, 0] + size - 1) // LINE):
             key = k << 40 | line
-            new = True
-            for s in range(n_seen):
-                if seen[s] == key:
-                    new = False
-                    break
+            new = n_seen == 0 or seen[n_seen - 1] != key
+            if new:
+                for s in range(n_seen - 1):
+                    if seen[s] == key:
+                        new = False
+                        break
             if new and n_seen < 128:
                 seen[n_seen] = key
                 n_seen += 1
-                _touch_line(TR, e, ALLOC, k, line, bit, storing and not atomic)
+                _touch_line(ev, e, state, loff[k] + line, bit, storing and not atomic)
     return e
 
 
@@ -294,10 +301,10 @@ def _scalar(TR, P, i, w, S, ALLOC, op, bit):
         ev = TR[1]
         ev[e, E_ALLOC] = k
         ev[e, E_BYTES] = 4 * n
-        _words(TR, e, ALLOC, k, address, 4 * n, w, False, True)
+        _words(ev, e, TR[4], TR[7], ALLOC, k, address, 4 * n, w, False, True)
         first = (address - ALLOC[k, 0]) // LINE
         for line in range(first, (address - ALLOC[k, 0] + 4 * n - 1) // LINE + 1):
-            _touch_line(TR, e, ALLOC, k, line, bit, False)
+            _touch_line(ev, e, TR[3], TR[6][k] + line, bit, False)
     return e
 
 
