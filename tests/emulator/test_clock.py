@@ -16,7 +16,7 @@ pytest.importorskip("numba", reason="the emulator needs the emulate extra (numba
 pytest.importorskip("tinygrad", reason="the emulator needs the emulate extra (numba, tinygrad)")
 pytestmark = pytest.mark.skipif(not TOOLS_PRESENT, reason="needs llvm-22's llvm-mc and ld.lld (scripts/setup.sh)")
 
-from mono_jit.emulator import CodeObject, Machine  # noqa: E402
+from mono_jit.emulator import CodeObject, Launch, Machine  # noqa: E402
 from mono_jit.emulator.clock import params  # noqa: E402
 from mono_jit.emulator.clock.report import ModelledLaunch, model  # noqa: E402
 from mono_jit.emulator.clock.trace import Clock  # noqa: E402
@@ -161,6 +161,25 @@ def test_a_poll_completes_at_the_writers_store_plus_its_visibility_however_often
     assert modelled.workgroups[1][1] == pytest.approx(flag1_done + P["vis_other_xcd"] + ISSUE + 5 * ISSUE)
     assert modelled.critical_workgroup == 1
     assert modelled.breakdown["handoff"] > 0
+
+
+def test_a_line_another_device_read_still_comes_from_hbm_and_each_device_has_its_own_floor():
+    """Two devices copy the same source: each reads it from its own HBM (another GPU's caches
+    do not serve it), and the floor is one device's bytes at its own 8 TB/s."""
+    source = np.arange(64, dtype=np.uint32)
+    outs = [np.zeros(64, np.uint32) for _ in range(2)]
+    machine = Machine(devices=2)
+    machine.timing = Clock()
+    machine.register(source, "source")
+    for d, out in enumerate(outs):
+        machine.register(out, f"out{d}")
+    code = CodeObject(assemble(COPY_BODY))
+    report = machine.launch_many([Launch(code, (1, 1, 1), (64, 1, 1), struct.pack("<QQ", source.ctypes.data,
+                                                                                     out.ctypes.data), 0, d)
+                                  for d, out in enumerate(outs)])
+    modelled = model(report.trace)
+    assert modelled.bytes["hbm"] == 2 * 3 * 128 and modelled.bytes["mall"] == 0
+    assert modelled.hbm_floor_us == pytest.approx(3 * 128 / (P["hbm_tb_per_s"] * 1e6))
 
 
 def test_the_clock_is_off_unless_asked_for():

@@ -31,7 +31,7 @@ class ModelledLaunch:
     breakdown: dict[str, float]  # the critical wave's cycles by category
     workgroups: list[tuple[float, float]]  # (start, end) cycles
     bytes: dict[str, int]  # hbm, mall, l2 (lines read, 128 B each), written, lds
-    hbm_floor_us: float  # the HBM bytes at the full 8 TB/s
+    hbm_floor_us: float  # the busiest device's HBM bytes at its full 8 TB/s
     failed_polls: int  # poll iterations dropped as emulator-order artefacts
     events: int
     per_level_bytes_per_us: dict[str, float] = field(default_factory=dict)
@@ -96,6 +96,7 @@ def model(trace: Trace, clock_ghz: float | None = None, overrides: Mapping[str, 
     workgroups = [(float(start[cfirst[c]:cfirst[c] + counts[c]].min()), float(wend[cfirst[c]:cfirst[c] + counts[c]].max()))
                   for c in range(len(counts))]
     reads = ev[:, E_KIND] != K_VSTORE
+    device_hbm = np.bincount(trace.device[ev[reads, E_WAVE]], weights=ev[reads, E_HBM], minlength=devices) * LINE
     nbytes = {"hbm": int(ev[reads, E_HBM].sum()) * LINE, "mall": int(ev[reads, E_MALL].sum()) * LINE,
               "l2": int(ev[reads, E_L2].sum()) * LINE, "written": int(ev[ev[:, E_KIND] == K_VSTORE, E_BYTES].sum()),
               "lds": int(ev[ev[:, E_KIND] == K_LDS, E_BYTES].sum())}
@@ -104,6 +105,6 @@ def model(trace: Trace, clock_ghz: float | None = None, overrides: Mapping[str, 
         clock_ghz=ghz, cycles=cycles, critical_wave=critical, critical_workgroup=int(trace.cta[critical]) if n_waves else 0,
         breakdown={name: float(cat[critical, k]) for k, name in enumerate(CATEGORIES)} if n_waves else {},
         workgroups=workgroups, bytes=nbytes,
-        hbm_floor_us=nbytes["hbm"] / (pv[params.INDEX["hbm_tb_per_s"]] * 1e6),
+        hbm_floor_us=float(device_hbm.max()) / (pv[params.INDEX["hbm_tb_per_s"]] * 1e6) if n_waves else 0.0,
         failed_polls=int((((ev[:, E_FLAGS] & FAILED_POLL) != 0) & (ev[:, E_KIND] != K_SLEEP)).sum()),
         events=len(ev), per_level_bytes_per_us={k: v / us for k, v in nbytes.items()} if us > 0 else {})

@@ -198,6 +198,22 @@ def _release(T, CAT, STATUS, ARRIVED, BMAX, CFIRST, CCOUNT, HK, HW, n, c, cost):
 
 
 @njit(cache=True)
+def _wake(STATUS, WAITON, DONE, T, HK, HW, n):
+    """Return to the heap every wave blocked on a store the pass has now timed; (heap size,
+    waves still blocked)."""
+    still = 0
+    for v in range(STATUS.shape[0]):
+        if STATUS[v] == BLOCKED:
+            if DONE[WAITON[v]] != NOT_YET:
+                STATUS[v] = READY
+                WAITON[v] = -1
+                n = _push(HK, HW, n, T[v], v)
+            else:
+                still += 1
+    return n, still
+
+
+@njit(cache=True)
 def replay(EV, ORDER, FIRST, WCTA, WDEV, WXCD, WCU, WSIMD, WL2, WSTART, CFIRST, CCOUNT, PV, n_cu, n_l2, n_dev,
            hbm_bytes_per_cycle):
     """Time every event; returns (per-event completion, per-wave end, per-wave categories,
@@ -254,6 +270,8 @@ def replay(EV, ORDER, FIRST, WCTA, WDEV, WXCD, WCU, WSIMD, WL2, WSTART, CFIRST, 
             DONE[e] = T[w]
             PTR[w] += 1
             n = _push(HK, HW, n, T[w], w)
+            if blocked > 0 and (kind == K_VSTORE or kind == K_ATOMIC):
+                n, blocked = _wake(STATUS, WAITON, DONE, T, HK, HW, n)
             continue
         elif flags & FAILED_POLL:
             if SKIP[w] == 0:
@@ -370,13 +388,8 @@ def replay(EV, ORDER, FIRST, WCTA, WDEV, WXCD, WCU, WSIMD, WL2, WSTART, CFIRST, 
         else:
             PTR[w] += 1
             n = _push(HK, HW, n, T[w], w)
-        if blocked > 0 and (kind == K_VSTORE or kind == K_ATOMIC or kind == K_BARRIER or kind == K_END):
-            for v in range(n_waves):
-                if STATUS[v] == BLOCKED and DONE[WAITON[v]] != NOT_YET:
-                    STATUS[v] = READY
-                    WAITON[v] = -1
-                    blocked -= 1
-                    n = _push(HK, HW, n, T[v], v)
+        if blocked > 0 and (kind == K_VSTORE or kind == K_ATOMIC):
+            n, blocked = _wake(STATUS, WAITON, DONE, T, HK, HW, n)
     unfinished = 0
     for w in range(n_waves):
         if STATUS[w] != ENDED:

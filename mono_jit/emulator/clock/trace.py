@@ -156,13 +156,15 @@ def _new_event(TR, w, kind, i):
 
 @njit(cache=True)
 def _touch_line(ev, e, state, line, bit, storing):
-    """Count line state `line` at the level that serves it and mark it in the reader's L2; a
-    store leaves it in the writer's L2 only."""
+    """Count line state `line` at the level that serves it (the reader's L2, else its device's
+    Infinity Cache when another XCD of the device holds it, else HBM) and mark it in the
+    reader's L2; a store leaves it in the writer's L2 only."""
     held = state[line]
     mine = np.uint64(1) << np.uint64(bit)
+    device = np.uint64(0xFF) << np.uint64(bit - bit % XCDS)  # the reader's device's XCDs: its own MALL
     if held & mine:
         ev[e, E_L2] += 1
-    elif held != 0:
+    elif held & device:
         ev[e, E_MALL] += 1
     else:
         ev[e, E_HBM] += 1
