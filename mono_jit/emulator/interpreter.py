@@ -21,6 +21,7 @@ import numpy as np
 from . import ops as O
 from .crosslane import crosslane
 from . import weak
+from .clock.trace import R_ON, record
 from .decode import F_CLASS, F_FLAGS, F_NEXT, F_OFFSET, F_OP, F_TARGET, FLAG_SC0, FLAG_SC1
 from .jit_cache import njit
 from .lds import lds_op
@@ -48,9 +49,11 @@ def release_barrier(WS, CTA, c):
 
 
 @njit(cache=True, error_model="numpy")
-def run_wave(P, w, S, V, VF, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, TF, W):
-    """Run wave w until it blocks (barrier, sleep, end), faults, or has run QUANTUM instructions."""
+def run_wave(P, w, S, V, VF, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, TF, W, TR):
+    """Run wave w until it blocks (barrier, sleep, end), faults, or has run QUANTUM instructions;
+    with the clock on (`TR`, `clock/trace.py`) each instruction is recorded before it runs."""
     c, d = WS[w, WS_CTA], WS[w, WS_DEVICE]
+    tracing = TR[0][R_ON] != 0
     i = WS[w, WS_PC]
     for _ in range(QUANTUM):
         op = P[i, F_OP]
@@ -59,6 +62,8 @@ def run_wave(P, w, S, V, VF, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL,
         WS[w, WS_COUNT] += 1
         ex = exec_of(S, w)
         nxt = P[i, F_NEXT]
+        if tracing:
+            record(TR, P, i, w, S, V, ALLOC, ex, op, klass)
         if klass == O.SALU:
             salu(P, i, w, S, op)
         elif klass == O.VALU or klass == O.PACKED or klass == O.CONVERT:
@@ -155,7 +160,7 @@ def all_blocked(WS):
 
 
 @njit(cache=True, error_model="numpy")
-def run(P, S, V, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, budget, external, W):
+def run(P, S, V, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, budget, external, W, TR):
     """Round-robin over every wave until all end, one faults, none can progress, or `budget`
     wave-instructions ran. A pass in which no wave stored, ended or reached a barrier is idle:
     the emulated clock jumps ahead (so time-bounded waits expire) and parked waves poll again;
@@ -163,7 +168,7 @@ def run(P, S, V, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, b
     stores into registered memory) an idle pass in which every live wave is parked or at a
     barrier returns IDLE at once and the clock does not jump: the caller waits in wall time and
     advances the clock by it. `W`: the weak-memory mode's state (`weak.py`); a wave's queued
-    stores complete as it leaves its turn."""
+    stores complete as it leaves its turn. `TR`: the clock's recorder (`clock/trace.py`)."""
     VF = V.view(np.float32)
     TF = T.view(np.float32)
     waves = WS.shape[0]
@@ -185,7 +190,7 @@ def run(P, S, V, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, b
                 continue
             WS[w, WS_STATUS] = RUNNING
             before = WS[w, WS_COUNT]
-            run_wave(P, w, S, V, VF, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, TF, W)
+            run_wave(P, w, S, V, VF, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, TF, W, TR)
             if weak_on and not weak.end_turn(W, w) and CTL[C_FAULT] == NO_FAULT:
                 fault(CTL, FAULT_WEAK_FULL, w, WS[w, WS_PC], -1, 0, 0, 0)
             ran += WS[w, WS_COUNT] - before

@@ -29,10 +29,11 @@ PACKAGE = Path(__file__).resolve().parent
 
 
 def sources_digest(package: Path = PACKAGE) -> str:
-    """sha256 over the names and bytes of the package's `.py` files (16 hex digits)."""
+    """sha256 over the paths and bytes of the package's `.py` files, its subpackages' (the
+    clock's) included (16 hex digits)."""
     digest = hashlib.sha256()
-    for path in sorted(package.glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from numba import typed
 
 from . import interpreter, state, weak, weak_state
+from .clock import trace as clock_trace
 from .codeobj import USER_SGPRS, CodeObject, CodeObjectError
 from .decode import F_NEXT, F_TARGET
 from .errors import EmulatorError
@@ -84,6 +85,7 @@ class LaunchReport:
     busiest_workgroup_instructions: int = 0
     stale_reads: int = 0  # weak-memory mode, counting: the stale reads, and the first described
     stale_report: list[str] = field(default_factory=list)
+    trace: clock_trace.Trace | None = None  # the clock's events when `Machine.timing` is set (clock/timing.py times them)
 
     @property
     def counters(self) -> dict[str, Any]:
@@ -125,6 +127,7 @@ class Machine:
         self.external_writers = False  # another process writes registered memory (peer buffers)
         self.external_wait_seconds = IDLE_WAIT_SECONDS  # the longest such a launch waits with no progress
         self.weak_memory: weak_state.WeakMemory | None = None  # None: sequentially consistent memory
+        self.timing: clock_trace.Clock | None = None  # set: launches record the clock's event trace
         self.uncached: set[int] = set()  # bases of the allocations mapped uncached (UC), as peer buffers
 
     def mark_uncached(self, obj: Any) -> None:
@@ -367,11 +370,18 @@ class _State:
         else:
             self.W = weak_state.build(options, allocations, self.machine.uncached, self.WS[:, state.WS_CTA],
                                       self.WS[:, state.WS_DEVICE], self.machine.devices)
+        timing = self.machine.timing
+        if timing is None:
+            self.TR = clock_trace.off_state()
+        else:  # bit 8 d + x: workgroup c of device d on XCD c mod 8 (round-robin dispatch)
+            bits = 8 * self.WS[:, state.WS_DEVICE] + self.WS[:, state.WS_CTA] % clock_trace.XCDS
+            self.TR = clock_trace.build(timing, [a.size for a in allocations], [a.writable for a in allocations],
+                                        self.WS.shape[0], bits.astype(np.int64))
 
     def run(self, budget: int) -> int:
         return int(interpreter.run(self.program, self.S, self.V, self.WS, self.CTA, self.LDS, self.ALLOC, self.BUFS,
                             self.TOUCH, self.ABYTES, self.CNT, self.ctl, self.clock, self.T, budget,
-                            self.machine.external_writers, self.W))
+                            self.machine.external_writers, self.W, self.TR))
 
     # -- reports --------------------------------------------------------------------------------
     def _instruction(self, w: int, row: int) -> str:
@@ -490,4 +500,5 @@ class _State:
             bytes_read=int(cnt[:, state.CNT_READ].sum()), bytes_written=int(cnt[:, state.CNT_WRITTEN].sum()),
             per_device=per_device, per_allocation=per_allocation,
             busiest_workgroup_instructions=int(by_cta.max()) if len(by_cta) else 0,
-            stale_reads=int(self.W[0][weak.O_COUNT]), stale_report=self.stale_reports())
+            stale_reads=int(self.W[0][weak.O_COUNT]), stale_report=self.stale_reports(),
+            trace=clock_trace.collect(self.TR, self.WS, self.CTA[:, 2]) if self.TR[0][clock_trace.R_ON] else None)

@@ -55,3 +55,16 @@ def test_an_edited_constant_in_another_module_is_compiled_in_not_served_stale(tm
     decode.write_text(text.replace("SEL_DWORD = 6", "SEL_DWORD = 5"))
     edited = _probe(tmp_path, numba_cache)
     assert edited["value"] == 0x12345678, f"stale machine code ran after decode.py changed: {edited}"
+
+
+def test_the_digest_covers_the_subpackages_sources(tmp_path):
+    """The clock's recorder (emulator/clock/) is compiled into the interpreter: its edits must
+    move the cache too."""
+    from mono_jit.emulator.jit_cache import sources_digest
+
+    (tmp_path / "top.py").write_text("A = 1\n")
+    (tmp_path / "clock").mkdir()
+    (tmp_path / "clock" / "trace.py").write_text("B = 1\n")
+    before = sources_digest(tmp_path)
+    (tmp_path / "clock" / "trace.py").write_text("B = 2\n")
+    assert sources_digest(tmp_path) != before

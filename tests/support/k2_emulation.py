@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 from k1_stages import compile_stages
@@ -84,10 +84,11 @@ def stage_launchers(spec: Spec, stage_sets: Sequence[Iterable[int]]) -> list[Cal
     return [partial(run_on_one_device, code) for code in compile_stage_sets(spec, stage_sets)]
 
 
-def run_on_ranks(code: K2Code, runs: Sequence[K2Run]) -> LaunchReport:
+def run_on_ranks(code: K2Code, runs: Sequence[K2Run], timing: Any = None) -> LaunchReport:
     """`code` on one emulated device per run (rank order), launched together: the peers' mailboxes
-    are host memory every device reaches."""
+    are host memory every device reaches; `timing` (a clock.trace.Clock) records the clock's trace."""
     machine = Machine(devices=len(runs))
+    machine.timing = timing
     values = [register(machine, run, f"r{rank}") for rank, run in enumerate(runs)]
     return machine.launch_many([code.launch(v, rank) for rank, v in enumerate(values)])
 

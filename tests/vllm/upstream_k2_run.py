@@ -94,10 +94,13 @@ def _launch(code: CodeObject, meta: EntryMeta, values: dict[str, Any], device: i
     return Launch(code, meta.launch.grid, meta.launch.block, pack(meta, args), 0, device)
 
 
-def run_layer(k1_entry: Any, k2_entry: Any, ranks: list[RankBuffers]) -> tuple[LaunchReport, LaunchReport]:
+def run_layer(k1_entry: Any, k2_entry: Any, ranks: list[RankBuffers],
+              timing: Any = None) -> tuple[LaunchReport, LaunchReport]:
     """K1 on every rank (together), then K2 on every rank (together), on one 8-device machine
-    whose memory holds every rank's tensors (weights and step inputs read-only)."""
+    whose memory holds every rank's tensors (weights and step inputs read-only); `timing` (a
+    clock.trace.Clock) records both launches' traces for the clock."""
     machine = Machine(devices=TP)
+    machine.timing = timing
     for r, buffers in enumerate(ranks):  # K1 and K2 share parameter names (hc_fn, res_out, ...)
         for kernel, values, read_only in (("k1", buffers.k1.values, buffers.k1.weights),
                                           ("k2", buffers.k2, buffers.weights)):
