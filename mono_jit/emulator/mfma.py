@@ -32,6 +32,29 @@ def bf16_value(h):
 
 
 @njit(cache=True, error_model="numpy")
+def accumulate(w, VF, X, dst, c0):
+    """D[row, col] = C[row, col] + the sum over k of X[0, k, row] X[1, k, col] ([K, 16] each),
+    into VGPRs dst.. (C from c0, or 0 for an inline constant): each element summed in f64 in the
+    order C, k = 0, 1, ... and
+    rounded to f32 once. The loop over D's 16 columns is innermost, so each element keeps its
+    own order while LLVM vectorises across the columns. Lane 16 g + c, element e is D[4 g + e, c]."""
+    D = np.empty((16, 16))
+    for lane in range(64):
+        g, col = lane // 16, lane % 16
+        for e in range(4):
+            D[4 * g + e, col] = np.float64(VF[w, c0 - 256 + e, lane]) if c0 >= 256 else np.float64(0.0)
+    for k in range(X.shape[1]):
+        for row in range(16):
+            a = X[0, k, row]
+            for col in range(16):
+                D[row, col] += a * X[1, k, col]
+    for lane in range(64):
+        g, col = lane // 16, lane % 16
+        for e in range(4):
+            VF[w, dst + e, lane] = np.float32(D[4 * g + e, col])
+
+
+@njit(cache=True, error_model="numpy")
 def mfma_f32_16x16_dense(w, V, VF, dst, a0, b0, c0, per_lane):
     """V_MFMA_F32_16X16X4_F32 (`per_lane` 1, f32), V_MFMA_F32_16X16X16_BF16 (4) and
     V_MFMA_F32_16X16X32_BF16 (8): lane 16 q + i holds A[i, k] and B[k, i] for k = per_lane q + e,
@@ -41,29 +64,18 @@ def mfma_f32_16x16_dense(w, V, VF, dst, a0, b0, c0, per_lane):
     AccelerateAMDMatmul.cpp kWidth 4 / 8 for the bf16 forms; the result layout is the scaled
     MFMA's, mfma_layout.D_ROW.) The products and C are summed in f64 and rounded once."""
     K = 4 * per_lane
-    A = np.empty((16, K))
-    B = np.empty((16, K))  # B[col, k]
+    X = np.empty((2, K, 16))  # X[0, k, i] = A[i, k], X[1, k, i] = B[k, i]
     for lane in range(64):
         i, q = lane % 16, lane // 16
         for e in range(per_lane):
             k = per_lane * q + e
             if per_lane == 1:
-                A[i, k], B[i, k] = VF[w, a0, lane], VF[w, b0, lane]
+                X[0, k, i], X[1, k, i] = VF[w, a0, lane], VF[w, b0, lane]
             else:
                 shift = 16 * (e % 2)
-                A[i, k] = bf16_value(V[w, a0 + e // 2, lane] >> shift & 0xFFFF)
-                B[i, k] = bf16_value(V[w, b0 + e // 2, lane] >> shift & 0xFFFF)
-    d = np.empty((4, 64), np.float32)
-    for lane in range(64):
-        g, col = lane // 16, lane % 16
-        for e in range(4):
-            row = 4 * g + e
-            acc = np.float64(VF[w, c0 - 256 + e, lane]) if c0 >= 256 else np.float64(0.0)
-            for k in range(K):
-                acc += A[row, k] * B[col, k]
-            d[e, lane] = np.float32(acc)
-    for e in range(4):
-        VF[w, dst + e] = d[e]
+                X[0, k, i] = bf16_value(V[w, a0 + e // 2, lane] >> shift & 0xFFFF)
+                X[1, k, i] = bf16_value(V[w, b0 + e // 2, lane] >> shift & 0xFFFF)
+    accumulate(w, VF, X, dst, c0)
 
 
 @njit(cache=True, error_model="numpy")
@@ -72,7 +84,7 @@ def mfma(P, i, w, V, VF, ex, CTL):
     V_MFMA_SCALE_F32_16X16X128_F8F6F4: D = C + (A x scaleA)(B x scaleB)^T, summed in f64 and
     rounded to f32 once (the hardware's summation order inside the 128-step is undocumented).
     The operands are decoded through value tables (FP8_VALUE, E2M1) with their E8M0 scales
-    applied, then each result element is one 128-term dot product."""
+    applied, then each result element is one 128-term dot product (`accumulate`)."""
     if ex != -1:
         return fault(CTL, FAULT_EXEC, w, i, -1, ex, 0, 0)
     dst, a0, b0, c0 = P[i, F_DST], P[i, F_SRC0] - 256, P[i, F_SRC1] - 256, P[i, F_SRC2]
@@ -83,14 +95,12 @@ def mfma(P, i, w, V, VF, ex, CTL):
         return NO_FAULT
     fa, fb = P[i, F_FORMAT] & 0xF, P[i, F_FORMAT] >> 4
     sa, sb = P[i, F_SCALE0] - 256, P[i, F_SCALE1] - 256
-    A = np.empty((16, 128))
-    B = np.empty((16, 128))
+    X = np.empty((2, 128, 16))  # X[0, k, row] = A[row, k] x its scale, X[1, k, col] = B[col, k] x its scale
     R = np.empty((16, 4))  # (row, K block) -> scale of the operand being decoded
-    for k in range(2):
-        M = A if k == 0 else B
-        base = a0 if k == 0 else b0
-        fmt = fa if k == 0 else fb
-        scales = sa if k == 0 else sb
+    for m in range(2):
+        base = a0 if m == 0 else b0
+        fmt = fa if m == 0 else fb
+        scales = sa if m == 0 else sb
         for lane in range(64):  # the scale of (row r, K block b) is byte 0 of lane 16 b + r
             R[lane % 16, lane // 16] = SCALE_VALUE[V[w, scales, lane] & 0xFF]
         for lane in range(64):
@@ -99,20 +109,12 @@ def mfma(P, i, w, V, VF, ex, CTL):
                 for byte in range(32):
                     code = V[w, base + byte // 4, lane] >> (8 * (byte % 4)) & 0xFF
                     kk = K_OF_BYTE[lane, byte]
-                    M[row, kk] = FP8_VALUE[code] * R[row, kk // 32]
+                    X[m, kk, row] = FP8_VALUE[code] * R[row, kk // 32]
             else:
                 for byte in range(16):
                     code = V[w, base + byte // 4, lane] >> (8 * (byte % 4)) & 0xFF
                     lo, hi = K_OF_NIBBLE[lane, 2 * byte], K_OF_NIBBLE[lane, 2 * byte + 1]
-                    M[row, lo] = E2M1[code & 0xF] * R[row, lo // 32]
-                    M[row, hi] = E2M1[code >> 4] * R[row, hi // 32]
-    for lane in range(64):
-        g, col = lane // 16, lane % 16
-        for e in range(4):
-            acc = np.float64(VF[w, c0 - 256 + e, lane]) if c0 >= 256 else np.float64(0.0)
-            row = 4 * g + e
-            for kk in range(128):
-                acc += A[row, kk] * B[col, kk]
-            VF[w, dst + e, lane] = np.float32(acc)
+                    X[m, lo, row] = E2M1[code & 0xF] * R[row, lo // 32]
+                    X[m, hi, row] = E2M1[code >> 4] * R[row, hi // 32]
+    accumulate(w, VF, X, dst, c0)
     return NO_FAULT
-
