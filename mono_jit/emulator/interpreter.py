@@ -28,6 +28,7 @@ from .lds import lds_op
 from .memory import scratch, smem, vmem
 from .mfma import mfma
 from .operands import exec_of, fault
+from .profile import CYCLES, TURNS, lap, now
 from .salu import salu
 from .state import (AT_BARRIER, BUDGET, C_EPOCH, C_EVENTS, C_FAULT, C_IDLE, C_PASSES, C_STORES, CNT_BARRIERS, CNT_IDLE,
                     CNT_POLLS, DEADLOCKED, DONE, FAULT_TRAP, FAULT_WEAK_FULL, FAULTED, FINISHED, IDLE, IDLE_ROUNDS, NO_FAULT, PARKED,
@@ -49,14 +50,19 @@ def release_barrier(WS, CTA, c):
 
 
 @njit(cache=True, error_model="numpy")
-def run_wave(P, w, S, V, VF, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, TF, W, TR):
+def run_wave(P, w, S, V, VF, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, TF, W, TR, PROF):
     """Run wave w until it blocks (barrier, sleep, end), faults, or has run QUANTUM instructions;
-    with the clock on (`TR`, `clock/trace.py`) each instruction is recorded before it runs."""
+    with the clock on (`TR`, `clock/trace.py`) each instruction is recorded before it runs. With a
+    `PROF` table (`profile.py`) each instruction's cycles are charged to its operation."""
     c, d = WS[w, WS_CTA], WS[w, WS_DEVICE]
     tracing = TR[0][R_ON] != 0
     i = WS[w, WS_PC]
+    profiling = PROF.shape[1] != 0
+    last, since = -1, np.int64(0)
     for _ in range(QUANTUM):
         op = P[i, F_OP]
+        if profiling:
+            last, since = lap(PROF, last, since, op)
         klass = P[i, F_CLASS]
         CNT[d, klass] += 1
         WS[w, WS_COUNT] += 1
@@ -160,7 +166,7 @@ def all_blocked(WS):
 
 
 @njit(cache=True, error_model="numpy")
-def run(P, S, V, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, budget, external, W, TR):
+def run(P, S, V, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, budget, external, W, TR, PROF):
     """Round-robin over every wave until all end, one faults, none can progress, or `budget`
     wave-instructions ran. A pass in which no wave stored, ended or reached a barrier is idle:
     the emulated clock jumps ahead (so time-bounded waits expire) and parked waves poll again;
@@ -168,12 +174,15 @@ def run(P, S, V, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, b
     stores into registered memory) an idle pass in which every live wave is parked or at a
     barrier returns IDLE at once and the clock does not jump: the caller waits in wall time and
     advances the clock by it. `W`: the weak-memory mode's state (`weak.py`); a wave's queued
-    stores complete as it leaves its turn. `TR`: the clock's recorder (`clock/trace.py`)."""
+    stores complete as it leaves its turn. `TR`: the clock's recorder (`clock/trace.py`). `PROF`:
+    the profile's table (`profile.py`), or one with no columns."""
     VF = V.view(np.float32)
     TF = T.view(np.float32)
     waves = WS.shape[0]
     ran = np.int64(0)
     weak_on = W[0][weak.O_ON] != 0
+    profiling = PROF.shape[1] != 0
+    turn = np.int64(0)
     while True:
         stores, events = CTL[C_STORES], CTL[C_EVENTS]
         CTL[C_PASSES] += 1
@@ -190,7 +199,11 @@ def run(P, S, V, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, b
                 continue
             WS[w, WS_STATUS] = RUNNING
             before = WS[w, WS_COUNT]
-            run_wave(P, w, S, V, VF, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, TF, W, TR)
+            if profiling:
+                turn = now()
+            run_wave(P, w, S, V, VF, WS, CTA, LDS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, T, TF, W, TR, PROF)
+            if profiling:
+                PROF[CYCLES, TURNS] += now() - turn
             if weak_on and not weak.end_turn(W, w) and CTL[C_FAULT] == NO_FAULT:
                 fault(CTL, FAULT_WEAK_FULL, w, WS[w, WS_PC], -1, 0, 0, 0)
             ran += WS[w, WS_COUNT] - before

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from numba import typed
 
-from . import interpreter, state, weak, weak_state
+from . import interpreter, profile, state, weak, weak_state
 from .clock import trace as clock_trace
 from .codeobj import USER_SGPRS, CodeObject, CodeObjectError
 from .decode import F_NEXT, F_TARGET
@@ -379,9 +379,14 @@ class _State:
                                         self.WS.shape[0], bits.astype(np.int64))
 
     def run(self, budget: int) -> int:
-        return int(interpreter.run(self.program, self.S, self.V, self.WS, self.CTA, self.LDS, self.ALLOC, self.BUFS,
-                            self.TOUCH, self.ABYTES, self.CNT, self.ctl, self.clock, self.T, budget,
-                            self.machine.external_writers, self.W, self.TR))
+        table = profile.active_table()
+        started = profile.now() if table.shape[1] else 0
+        result = int(interpreter.run(self.program, self.S, self.V, self.WS, self.CTA, self.LDS, self.ALLOC, self.BUFS,
+                                     self.TOUCH, self.ABYTES, self.CNT, self.ctl, self.clock, self.T, budget,
+                                     self.machine.external_writers, self.W, self.TR, table))
+        if table.shape[1]:
+            table[profile.CYCLES, profile.TOTAL] += profile.now() - started
+        return result
 
     # -- reports --------------------------------------------------------------------------------
     def _instruction(self, w: int, row: int) -> str:

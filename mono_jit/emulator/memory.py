@@ -122,6 +122,17 @@ def vmem(P, i, w, S, V, T, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, d, ex, op, 
             return fault(CTL, FAULT_OPERAND, w, i, -1, base, 0, 1)  # strided buffers are not modelled
         records = np.int64(S[w, r + 2])
         soffset = sval(S, w, P[i, F_SOFF], 0, False)
+    # The instruction's fields and the scalar base read once; the byte counts and the polled
+    # address gathered in locals and written once per allocation and instruction (a fault
+    # ends the launch, whose counters are then never reported).
+    vaddr, immediate, offen = P[i, F_SRC0], P[i, F_OFFSET], flags & FLAG_OFFEN != 0
+    vaddr_only = flags & FLAG_SADDR_OFF != 0
+    saddr = np.int64(0)
+    if not is_buffer and not vaddr_only:
+        b = P[i, F_BASE]
+        saddr = np.int64(S[w, b]) | np.int64(S[w, b + 1]) << 32
+    column = 2 * kind + (1 if storing else 0)
+    pending, moved, poll = np.int64(0), np.int64(0), np.int64(-1)
     hint = -1
     mem, touched, weight = BUFS[0], TOUCH[0], 0
     stored = False
@@ -129,15 +140,13 @@ def vmem(P, i, w, S, V, T, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, d, ex, op, 
         if not ex >> lane & 1:
             continue
         if is_buffer:
-            offset = (np.int64(V[w, P[i, F_SRC0], lane]) if flags & FLAG_OFFEN else 0) + soffset + P[i, F_OFFSET]
+            offset = (np.int64(V[w, vaddr, lane]) if offen else 0) + soffset + immediate
             offset &= M32
             address = base + offset
-        elif flags & FLAG_SADDR_OFF:
-            address = (np.int64(V[w, P[i, F_SRC0], lane]) | np.int64(V[w, P[i, F_SRC0] + 1, lane]) << 32) + P[i, F_OFFSET]
+        elif vaddr_only:
+            address = (np.int64(V[w, vaddr, lane]) | np.int64(V[w, vaddr + 1, lane]) << 32) + immediate
         else:
-            b = P[i, F_BASE]
-            address = ((np.int64(S[w, b]) | np.int64(S[w, b + 1]) << 32) + np.int64(V[w, P[i, F_SRC0], lane])
-                       + P[i, F_OFFSET])
+            address = saddr + np.int64(V[w, vaddr, lane]) + immediate
         if atomic:
             if address & 3:
                 return fault(CTL, FAULT_UNALIGNED, w, i, lane, address, 4, 0)
@@ -193,6 +202,9 @@ def vmem(P, i, w, S, V, T, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, d, ex, op, 
                     break
             return fault(CTL, FAULT_UNMAPPED, w, i, lane, at, nbytes, 0)
         if k != hint:  # the allocation's bytes, fetched from the list once per allocation
+            if hint >= 0:
+                ABYTES[hint, column] += pending
+            pending = 0
             hint, mem, weight = k, BUFS[k], ALLOC[k, 2] & 2
             if weight:
                 touched = TOUCH[k]
@@ -207,8 +219,8 @@ def vmem(P, i, w, S, V, T, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, d, ex, op, 
                 value = np.int64(V[w, data + part, lane])
                 for byte in range(size):
                     mem[off + 4 * part + byte] = value >> (8 * byte) & 0xFF
-            ABYTES[k, 2 * kind + 1] += size * parts
-            CNT[d, CNT_WRITTEN] += size * parts
+            pending += size * parts
+            moved += size * parts
             stored = True
             continue
         for part in range(parts):
@@ -227,12 +239,17 @@ def vmem(P, i, w, S, V, T, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, d, ex, op, 
                 return fault(CTL, FAULT_WEAK_FULL, w, i, lane, address, nbytes, 0)
             if part >= 0 and W[0][weak.O_FAIL]:
                 return fault(CTL, FAULT_STALE, w, i, lane, address + 4 * part, size, 0)
-        WS[w, WS_POLL] = address + 4 * (parts - 1)
+        poll = address + 4 * (parts - 1)
         if weight:  # the 4-byte granules the read reached
             for granule in range(off >> 2, ((off + span - 1) >> 2) + 1):
                 touched[granule] = 1
-        ABYTES[k, 2 * kind] += size * parts
-        CNT[d, CNT_READ] += size * parts
+        pending += size * parts
+        moved += size * parts
+    if hint >= 0 and not atomic:
+        ABYTES[hint, column] += pending
+    CNT[d, CNT_WRITTEN if storing else CNT_READ] += moved
+    if poll >= 0:
+        WS[w, WS_POLL] = poll
     if stored:
         CTL[C_EPOCH] += 1
         CTL[C_STORES] += 1

@@ -55,13 +55,14 @@ def read(S, V, T, w, code, lit, row, hi):
 
 @njit(cache=True)
 def write(V, T, w, dst, row, ex):
+    """T[row] into VGPR dst under EXEC: inactive lanes keep their value (a select, not a
+    branch, so that LLVM vectorises the partial-EXEC loop too)."""
     if ex == -1:
         for lane in range(64):
             V[w, dst, lane] = T[row, lane]
         return
     for lane in range(64):
-        if ex >> lane & 1:
-            V[w, dst, lane] = T[row, lane]
+        V[w, dst, lane] = T[row, lane] if ex >> lane & 1 else V[w, dst, lane]
 
 
 @njit(cache=True)
