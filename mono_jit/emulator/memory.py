@@ -171,7 +171,7 @@ def vmem(P, i, w, S, V, T, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, d, ex, op, 
             else:  # GLOBAL_ATOMIC_SMAX
                 new = old if sext32(old) >= sext32(operand) else operand
             store(BUFS, ALLOC, k, address, 4, new)
-            if weak_on and not weak.atomic(W, BUFS, ALLOC, w, i, k, address - ALLOC[k, 0], 4, new):
+            if weak_on and not weak.atomic(W, BUFS[k], ALLOC[k, 1], w, i, k, address - ALLOC[k, 0], 4, new):
                 return fault(CTL, FAULT_WEAK_FULL, w, i, lane, address, 4, 0)
             if flags & FLAG_SC0:  # returns the old value
                 V[w, dst, lane] = old
@@ -213,7 +213,7 @@ def vmem(P, i, w, S, V, T, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, d, ex, op, 
             if not ALLOC[k, 2] & 1:
                 return fault(CTL, FAULT_READ_ONLY, w, i, lane, address, nbytes, 0)
             # the weak mode copies a line it meets for the first time: before the store
-            if weak_on and not weak.store_lane(W, BUFS, ALLOC, V, w, i, k, off, data, parts, size, lane, sc1):
+            if weak_on and not weak.store_lane(W, mem, ALLOC[k, 1], V, w, i, k, off, data, parts, size, lane, sc1):
                 return fault(CTL, FAULT_WEAK_FULL, w, i, lane, address, nbytes, 0)
             for part in range(parts):
                 value = np.int64(V[w, data + part, lane])
@@ -234,7 +234,7 @@ def vmem(P, i, w, S, V, T, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, d, ex, op, 
                 v = (v - (1 << (8 * size)) if v >> (8 * size - 1) & 1 else v) & M32
             V[w, dst + part, lane] = v
         if weak_on:  # the values the caches hold replace the latest ones
-            part = weak.load_lane(W, BUFS, ALLOC, V, w, i, k, off, dst, parts, size, signed, lane, sc1)
+            part = weak.load_lane(W, mem, ALLOC[k, 1], V, w, i, k, off, dst, parts, size, signed, lane, sc1)
             if part == weak.FULL:
                 return fault(CTL, FAULT_WEAK_FULL, w, i, lane, address, nbytes, 0)
             if part >= 0 and W[0][weak.O_FAIL]:

@@ -19,7 +19,16 @@ per-byte arrays are indexed by it, so only the memory a launch reaches costs any
   QN int64 [waves, 3]: ring head, length, vector memory instructions issued.
   REP int64 [REPORTS, REP_FIELDS]: the first stale reads.
   RING int32 [L1s + scalar caches, L1_LINES]: the lines each L1 (then each scalar cache) holds,
-  oldest first from RN int64 [same, 2] (head, count): a full cache gives up its oldest line.
+  oldest first from RN int64 [same, 3] (head, count, invalidated since the launch began): a
+  full cache gives up its oldest line.
+  HOLD int64 [lines]: how many L2s hold the line (a probe with no other holder does nothing).
+  DL int32 [L2s, lines] / DN int64 [L2s, 2]: each L2's lines made dirty since its last write-back
+  (a line may repeat), their count and whether the list overflowed (then every line is scanned);
+  LISTED uint8 [slots]: the L2 slot is on its list. A write-back visits the list, not every line.
+  PRE uint8 [lines x 128]: the bytes before the launch, for the warm-L1 option: each vector L1
+  starts holding every tracked line (WARM) until its first invalidate.
+Stores are bookkept per lane and dword (an entry of up to 4 bytes in one line), loads per line
+they touch, so the cost is per access, not per byte, wherever the rules allow.
 
 The rules read LLVM AMDGPUUsage "Memory Model GFX942" (gfx950 follows it) operationally; each
 names its table row. What is not modelled: docs/emulator.md "Weak memory".
@@ -32,7 +41,7 @@ import numpy as np
 from .jit_cache import njit
 
 LINE = 128  # bytes of an L2 / L1 line (AMDGPUUsage "Memory Model GFX942": 128-byte cache lines)
-ABSENT, PRELAUNCH = -2, -1
+ABSENT, PRELAUNCH, WARM = -2, -1, -3
 UNTRACKED, RW, UC = range(3)
 O_ON, O_FAIL, O_FLAG_FIRST, O_COUNT, O_LINES, O_FREE = range(6)
 OPT_FIELDS = 6
@@ -46,7 +55,7 @@ REPORTS = 64
 REP_FIELDS = 12
 # The state tuple's members.
 (W_OPT, W_GEO, W_LB, W_MEM, W_SD, W_SM, W_SF, W_L2, W_L1, W_LT, W_WR, W_Q, W_QN, W_REP, W_K, W_LINES,
- W_FREE, W_RING, W_RN) = range(19)
+ W_FREE, W_RING, W_RN, W_HOLD, W_DL, W_DN, W_LISTED, W_PRE) = range(24)
 # Lines a vector L1 (32 KiB) and a scalar cache (16 KiB) hold: CDNA3 white paper's sizes, which
 # CDNA4 keeps (an inference: AMD does not restate them). Replacement is oldest first here; the
 # hardware's policy is not modelled, and dropping a clean line is always allowed.
@@ -58,40 +67,48 @@ NONE = -2  # load_lane: no part was stale
 
 
 @njit(cache=True)
-def line_of(W, BUFS, ALLOC, k, off):
-    """The compact number of the line holding byte `off` of allocation k, numbered (and its
-    bytes copied to MEM) on first touch, or FULL."""
-    OPT, LB, MEM, LINES = W[W_OPT], W[W_LB], W[W_MEM], W[W_LINES]
-    g = LB[k] + (off >> 7)
-    c = LINES[g]
+def line_of(W, mem, extent, k, off):
+    """The compact number of the line holding byte `off` of allocation k (its bytes `mem`,
+    `extent` of them), numbered on first touch (`number_line`), or FULL."""
+    g = W[W_LB][k] + (off >> 7)
+    c = W[W_LINES][g]
     if c >= 0:
         return c
-    c = OPT[O_LINES]
-    if (c + 1) * LINE > MEM.shape[0]:
+    return number_line(W, mem, extent, g, off)
+
+
+@njit(cache=True)
+def number_line(W, mem, extent, g, off):
+    """Number line g (of every tracked allocation's) and copy its bytes to MEM and PRE, or FULL.
+    Apart from `line_of`, whose every call would otherwise pay for this path's arrays."""
+    c = W[W_OPT][O_LINES]
+    if (c + 1) * LINE > W[W_MEM].shape[0]:
         return FULL
-    OPT[O_LINES] = c + 1
-    LINES[g] = c
+    W[W_OPT][O_LINES] = c + 1
+    W[W_LINES][g] = c
     start = off & ~(LINE - 1)
-    end = min(start + LINE, ALLOC[k, 1])
-    MEM[c * LINE:c * LINE + end - start] = BUFS[k][start:end]
+    end = min(start + LINE, extent)
+    W[W_MEM][c * LINE:c * LINE + end - start] = mem[start:end]
+    W[W_PRE][c * LINE:c * LINE + end - start] = mem[start:end]
     return c
 
 
 @njit(cache=True)
 def take_slot(W, row):
     """A free cache slot, its fill row set, or FULL."""
-    OPT, FREE, SF = W[W_OPT], W[W_FREE], W[W_SF]
-    if OPT[O_FREE] == 0:
+    if W[W_OPT][O_FREE] == 0:
         return FULL
-    OPT[O_FREE] -= 1
-    s = FREE[OPT[O_FREE]]
-    SF[s] = row
+    W[W_OPT][O_FREE] -= 1
+    s = W[W_FREE][W[W_OPT][O_FREE]]
+    W[W_SF][s] = row
     W[W_SM][s, :] = 0
+    W[W_LISTED][s] = 0
     return s
 
 
 @njit(cache=True)
 def give_slot(W, s):
+    W[W_LISTED][s] = 0
     W[W_FREE][W[W_OPT][O_FREE]] = s
     W[W_OPT][O_FREE] += 1
 
@@ -104,13 +121,42 @@ def fill_l2(W, x, ln, row):
         return False
     W[W_SD][s, :] = W[W_MEM][ln * LINE:(ln + 1) * LINE]
     W[W_L2][x, ln] = s
+    W[W_HOLD][ln] += 1
     return True
 
 
 @njit(cache=True)
+def mark_dirty(W, x, ln, s):
+    """L2 x's slot s (line ln) holds dirty bytes: on the L2's list for its next write-back."""
+    if W[W_LISTED][s]:
+        return
+    W[W_LISTED][s] = 1
+    if W[W_DN][x, 0] < W[W_DL].shape[1]:
+        W[W_DL][x, W[W_DN][x, 0]] = ln
+        W[W_DN][x, 0] += 1
+    else:
+        W[W_DN][x, 1] = 1
+
+
+@njit(cache=True)
+def l1_slot(W, cu, ln):
+    """The slot of CU cu's vector L1 copy of a line, ABSENT, or FULL: a WARM line (the warm-L1
+    option, before the CU's first invalidate) becomes a copy of the line before the launch."""
+    s = W[W_L1][cu, ln]
+    if s != WARM:
+        return s
+    if W[W_RN][cu, 2]:
+        return ABSENT
+    W[W_L1][cu, ln] = ABSENT
+    if not copy_line(W, W_L1, cu, ln, -1, PRELAUNCH):
+        return FULL
+    return W[W_L1][cu, ln]
+
+
+@njit(cache=True)
 def copy_line(W, cache, holder, ln, source, row):
-    """Fill an L1 or scalar-cache line from L2 slot `source`, giving up the cache's oldest line
-    when it is full; False when no slot is free."""
+    """Fill an L1 or scalar-cache line from L2 slot `source` (-1: the bytes before the launch),
+    giving up the cache's oldest line when it is full; False when no slot is free."""
     RING, RN, MAP = W[W_RING], W[W_RN], W[cache]
     r, cap = holder, L1_LINES
     if cache == W_K:
@@ -124,7 +170,10 @@ def copy_line(W, cache, holder, ln, source, row):
     s = take_slot(W, row)
     if s < 0:
         return False
-    W[W_SD][s, :] = W[W_SD][source, :]
+    if source < 0:
+        W[W_SD][s, :] = W[W_PRE][ln * LINE:(ln + 1) * LINE]
+    else:
+        W[W_SD][s, :] = W[W_SD][source, :]
     MAP[holder, ln] = s
     RING[r, (RN[r, 0] + RN[r, 1]) % cap] = ln
     RN[r, 1] += 1
@@ -134,12 +183,12 @@ def copy_line(W, cache, holder, ln, source, row):
 @njit(cache=True)
 def write_back(W, x, ln):
     """Write L2 x's dirty bytes of a line to memory."""
-    MEM, SD, SM = W[W_MEM], W[W_SD], W[W_SM]
     s = W[W_L2][x, ln]
     for j in range(LINE):
-        if SM[s, j]:
-            MEM[ln * LINE + j] = SD[s, j]
-            SM[s, j] = 0
+        if W[W_SM][s, j]:
+            W[W_MEM][ln * LINE + j] = W[W_SD][s, j]
+            W[W_SM][s, j] = 0
+    W[W_LISTED][s] = 0
 
 
 @njit(cache=True)
@@ -148,51 +197,69 @@ def probe(W, keep, ln):
     dirty bytes first (AMDGPUUsage GFX942: "writes from other L2s' CUs probe local lines"; RW
     lines "will never be stale in L2 due to the memory probes"). That write-back is itself a
     write from another L2, so the keeper's copy takes those bytes too."""
-    L2, MEM, SD, SM = W[W_L2], W[W_MEM], W[W_SD], W[W_SM]
-    kept = L2[keep, ln] if keep >= 0 else ABSENT
-    for x in range(L2.shape[0]):
-        if x != keep and L2[x, ln] != ABSENT:
-            s = L2[x, ln]
+    kept = W[W_L2][keep, ln] if keep >= 0 else ABSENT
+    if W[W_HOLD][ln] == (0 if kept == ABSENT else 1):  # no other W[W_L2] holds it
+        return
+    for x in range(W[W_L2].shape[0]):
+        if x != keep and W[W_L2][x, ln] != ABSENT:
+            s = W[W_L2][x, ln]
             for j in range(LINE):
-                if SM[s, j]:
-                    MEM[ln * LINE + j] = SD[s, j]
-                    if kept != ABSENT and not SM[kept, j]:
-                        SD[kept, j] = SD[s, j]
+                if W[W_SM][s, j]:
+                    W[W_MEM][ln * LINE + j] = W[W_SD][s, j]
+                    if kept != ABSENT and not W[W_SM][kept, j]:
+                        W[W_SD][kept, j] = W[W_SD][s, j]
             give_slot(W, s)
-            L2[x, ln] = ABSENT
+            W[W_L2][x, ln] = ABSENT
+            W[W_HOLD][ln] -= 1
 
 
 @njit(cache=True)
 def complete(W, w, slot):
     """One queued entry of wave w takes effect; False when the caches are full."""
-    GEO, MEM, SD, SM, L2, L1, WR, Q = W[W_GEO], W[W_MEM], W[W_SD], W[W_SM], W[W_L2], W[W_L1], W[W_WR], W[W_Q]
-    x, cu = GEO[w, 0], GEO[w, 1]
-    kind, b = Q[w, slot, 0], Q[w, slot, 1]
-    lines = W[W_OPT][O_LINES]
+    x, cu = W[W_GEO][w, 0], W[W_GEO][w, 1]
+    kind, size, b = W[W_Q][w, slot, 0] & 15, W[W_Q][w, slot, 0] >> 4, W[W_Q][w, slot, 1]
     if kind == Q_WBL2:
-        # buffer_wbl2 sc1 / sc0 sc1: "write back dirty L2 lines" of this XCD (table rows "fence
+        # buffer_wbl2 sc1 / sc0 sc1: "write back dirty W[W_L2] lines" of this XCD (table rows "fence
         # release" / "store atomic release", agent and system scope).
-        for ln in range(lines):
-            if L2[x, ln] != ABSENT and SM[L2[x, ln]].any():
-                write_back(W, x, ln)
-                probe(W, x, ln)
+        if W[W_DN][x, 1]:  # the list overflowed: every line
+            for ln in range(W[W_OPT][O_LINES]):
+                if W[W_L2][x, ln] != ABSENT and W[W_LISTED][W[W_L2][x, ln]]:
+                    write_back(W, x, ln)
+                    probe(W, x, ln)
+        else:
+            for n in range(W[W_DN][x, 0]):
+                ln = W[W_DL][x, n]
+                if W[W_L2][x, ln] != ABSENT and W[W_LISTED][W[W_L2][x, ln]]:
+                    write_back(W, x, ln)
+                    probe(W, x, ln)
+        W[W_DN][x, 0], W[W_DN][x, 1] = 0, 0
         return True
-    value, ln, j = np.uint8(Q[w, slot, 2]), b >> 7, b & (LINE - 1)
-    WR[b, 2] -= 1
-    if L1[cu, ln] != ABSENT:  # the vector L1 is write-through: a present line is updated
-        SD[L1[cu, ln], j] = value
+    value, ln, j = W[W_Q][w, slot, 2], b >> 7, b & (LINE - 1)
+    for t in range(size):
+        W[W_WR][b + t, 2] -= 1
+    s1 = l1_slot(W, cu, ln)
+    if s1 == FULL:
+        return False
+    if s1 != ABSENT:  # the vector W[W_L1] is write-through: a present line is updated
+        for t in range(size):
+            W[W_SD][s1, j + t] = value >> (8 * t) & 0xFF
     if kind == Q_THROUGH:  # sc1 / sc0 sc1 store, or a UC line: written through to memory
         probe(W, x, ln)
-        MEM[b] = value
-        if L2[x, ln] != ABSENT:
-            SD[L2[x, ln], j] = value
-            SM[L2[x, ln], j] = 0
+        s2 = W[W_L2][x, ln]
+        for t in range(size):
+            W[W_MEM][b + t] = value >> (8 * t) & 0xFF
+            if s2 != ABSENT:
+                W[W_SD][s2, j + t] = value >> (8 * t) & 0xFF
+                W[W_SM][s2, j + t] = 0
         return True
-    # A plain store to an RW line writes back: dirty bytes in this XCD's L2 ("store monotonic").
-    if L2[x, ln] == ABSENT and not fill_l2(W, x, ln, PRELAUNCH):
+    # A plain store to an RW line writes back: dirty bytes in this XCD's W[W_L2] ("store monotonic").
+    if W[W_L2][x, ln] == ABSENT and not fill_l2(W, x, ln, PRELAUNCH):
         return False
-    SD[L2[x, ln], j] = value
-    SM[L2[x, ln], j] = 1
+    s2 = W[W_L2][x, ln]
+    for t in range(size):
+        W[W_SD][s2, j + t] = value >> (8 * t) & 0xFF
+        W[W_SM][s2, j + t] = 1
+    mark_dirty(W, x, ln, s2)
     return True
 
 
@@ -201,15 +268,14 @@ def complete_until(W, w, keep):
     """Complete wave w's oldest entries until those of its last `keep` vector memory
     instructions remain (s_waitcnt vmcnt(keep): the counter decrements in issue order); False
     when the caches are full."""
-    Q, QN = W[W_Q], W[W_QN]
-    while QN[w, 1] > 0:
-        slot = QN[w, 0]
-        if Q[w, slot, 3] > QN[w, 2] - keep:
+    while W[W_QN][w, 1] > 0:
+        slot = W[W_QN][w, 0]
+        if W[W_Q][w, slot, 3] > W[W_QN][w, 2] - keep:
             return True
         if not complete(W, w, slot):
             return False
-        QN[w, 0] = (slot + 1) % QCAP
-        QN[w, 1] -= 1
+        W[W_QN][w, 0] = (slot + 1) % QCAP
+        W[W_QN][w, 1] -= 1
     return True
 
 
@@ -219,24 +285,23 @@ def end_turn(W, w):
     flag-first option, only its newest instruction's (later stores may complete before earlier
     ones: "per-CU request queues per L2 channel reorder memory operations"). False when the
     caches are full."""
-    Q, QN = W[W_Q], W[W_QN]
     if not W[W_OPT][O_FLAG_FIRST]:
         return complete_until(W, w, 0)
-    n = QN[w, 1]
+    n = W[W_QN][w, 1]
     if n == 0:
         return True
-    newest = Q[w, (QN[w, 0] + n - 1) % QCAP, 3]
+    newest = W[W_Q][w, (W[W_QN][w, 0] + n - 1) % QCAP, 3]
     kept = 0
     for j in range(n):  # complete the newest instruction's entries, keep the rest in order
-        slot = (QN[w, 0] + j) % QCAP
-        if Q[w, slot, 3] == newest:
+        slot = (W[W_QN][w, 0] + j) % QCAP
+        if W[W_Q][w, slot, 3] == newest:
             if not complete(W, w, slot):
                 return False
         else:
-            target = (QN[w, 0] + kept) % QCAP
-            Q[w, target] = Q[w, slot]
+            target = (W[W_QN][w, 0] + kept) % QCAP
+            W[W_Q][w, target] = W[W_Q][w, slot]
             kept += 1
-    QN[w, 1] = kept
+    W[W_QN][w, 1] = kept
     return True
 
 
@@ -249,41 +314,56 @@ def issue(W, w):
 @njit(cache=True)
 def enqueue(W, w, kind, b, value):
     """Queue an entry; False when completing the oldest to make room found the caches full."""
-    Q, QN = W[W_Q], W[W_QN]
-    if QN[w, 1] == QCAP:  # the queue is full: its oldest entry completes (legal at any time)
-        if not complete(W, w, QN[w, 0]):
+    if W[W_QN][w, 1] == QCAP:  # the queue is full: its oldest entry completes (legal at any time)
+        if not complete(W, w, W[W_QN][w, 0]):
             return False
-        QN[w, 0] = (QN[w, 0] + 1) % QCAP
-        QN[w, 1] -= 1
-    slot = (QN[w, 0] + QN[w, 1]) % QCAP
-    Q[w, slot, 0], Q[w, slot, 1], Q[w, slot, 2], Q[w, slot, 3] = kind, b, value, QN[w, 2]
-    QN[w, 1] += 1
+        W[W_QN][w, 0] = (W[W_QN][w, 0] + 1) % QCAP
+        W[W_QN][w, 1] -= 1
+    slot = (W[W_QN][w, 0] + W[W_QN][w, 1]) % QCAP
+    W[W_Q][w, slot, 0], W[W_Q][w, slot, 1], W[W_Q][w, slot, 2], W[W_Q][w, slot, 3] = kind, b, value, W[W_QN][w, 2]
+    W[W_QN][w, 1] += 1
     return True
 
 
 @njit(cache=True)
-def store_byte(W, BUFS, ALLOC, w, row, k, off, value, sc1):
-    """A store of one byte issues: it is the latest write, queued until it completes. False when
-    the mode's arrays are full."""
-    LT, WR = W[W_LT], W[W_WR]
-    if LT[k] == UNTRACKED:
-        return True
-    c = line_of(W, BUFS, ALLOC, k, off)
+def store_bytes(W, mem, extent, w, row, k, off, value, size, sc1):
+    """A store of `size` bytes in one line issues: the latest write of each, queued as one entry
+    until it completes. False when the mode's arrays are full."""
+    c = line_of(W, mem, extent, k, off)
     if c < 0:
         return False
     b = c * LINE + (off & (LINE - 1))
-    WR[b, 0], WR[b, 1] = w, row
-    WR[b, 2] += 1
-    return enqueue(W, w, Q_THROUGH if sc1 or LT[k] == UC else Q_STORE, b, value)
+    for t in range(size):
+        W[W_WR][b + t, 0], W[W_WR][b + t, 1] = w, row
+        W[W_WR][b + t, 2] += 1
+    kind = Q_THROUGH if sc1 or W[W_LT][k] == UC else Q_STORE
+    return enqueue(W, w, kind | size << 4, b, value)
 
 
 @njit(cache=True)
-def store_lane(W, BUFS, ALLOC, V, w, row, k, off, data, parts, size, lane, sc1):
-    """One lane's store of `parts` dwords (or one byte / short) from VGPR `data` issues."""
+def store_byte(W, BUFS, ALLOC, w, row, k, off, value, sc1):
+    """A store of one byte issues (nothing to do in an untracked allocation)."""
+    if W[W_LT][k] == UNTRACKED:
+        return True
+    return store_bytes(W, BUFS[k], ALLOC[k, 1], w, row, k, off, value, 1, sc1)
+
+
+@njit(cache=True)
+def store_lane(W, mem, extent, V, w, row, k, off, data, parts, size, lane, sc1):
+    """One lane's store of `parts` dwords (or one byte / short) from VGPR `data` into allocation
+    k (its bytes `mem`, `extent` of them) issues: an entry a part, or a byte when the part
+    crosses a line."""
+    if W[W_LT][k] == UNTRACKED:
+        return True
     for part in range(parts):
         value = np.int64(V[w, data + part, lane])
+        at = off + 4 * part
+        if (at & (LINE - 1)) + size <= LINE:
+            if not store_bytes(W, mem, extent, w, row, k, at, value & ((1 << (8 * size)) - 1), size, sc1):
+                return False
+            continue
         for byte in range(size):
-            if not store_byte(W, BUFS, ALLOC, w, row, k, off + 4 * part + byte, value >> (8 * byte) & 0xFF, sc1):
+            if not store_bytes(W, mem, extent, w, row, k, at + byte, value >> (8 * byte) & 0xFF, 1, sc1):
                 return False
     return True
 
@@ -307,7 +387,7 @@ def inv(W, w, scoped):
             ln = RING[cu, (RN[cu, 0] + j) % L1_LINES]
             give_slot(W, L1[cu, ln])
             L1[cu, ln] = ABSENT
-        RN[cu, 0], RN[cu, 1] = 0, 0
+        RN[cu, 0], RN[cu, 1], RN[cu, 2] = 0, 0, 1
 
 
 @njit(cache=True)
@@ -317,91 +397,115 @@ def wait_vmcnt(W, w, simm16):
 
 
 @njit(cache=True)
-def atomic(W, BUFS, ALLOC, w, row, k, off, size, value):
+def atomic(W, mem, extent, w, row, k, off, size, value):
     """An RMW atomic is performed at memory ("atomicrmw": RMW atomics bypass L1): every L2 gives
     up the line (dirty bytes written back) and the result is written through. False when the
     mode's arrays are full."""
-    MEM, WR = W[W_MEM], W[W_WR]
     if W[W_LT][k] == UNTRACKED:
         return True
-    c = line_of(W, BUFS, ALLOC, k, off)
+    c = line_of(W, mem, extent, k, off)
     if c < 0:
         return False
     b = c * LINE + (off & (LINE - 1))
     probe(W, -1, c)
     for j in range(size):
-        MEM[b + j] = value >> (8 * j) & 0xFF
-        WR[b + j, 0], WR[b + j, 1] = w, row
+        W[W_MEM][b + j] = value >> (8 * j) & 0xFF
+        W[W_WR][b + j, 0], W[W_WR][b + j, 1] = w, row
     return True
 
 
 @njit(cache=True)
 def report(W, w, row, k, off, got, latest, b, where, place, fill, source):
-    OPT, REP, WR = W[W_OPT], W[W_REP], W[W_WR]
-    n = OPT[O_COUNT]
-    if n < REP.shape[0]:
-        REP[n, R_WAVE], REP[n, R_ROW], REP[n, R_OFFSET], REP[n, R_ALLOC] = w, row, off, k
-        REP[n, R_READ], REP[n, R_LATEST], REP[n, R_WRITER], REP[n, R_WROW] = got, latest, WR[b, 0], WR[b, 1]
-        REP[n, R_WHERE], REP[n, R_PLACE], REP[n, R_FILL], REP[n, R_SOURCE] = where, place, fill, source
-    OPT[O_COUNT] = n + 1
+    n = W[W_OPT][O_COUNT]
+    if n < W[W_REP].shape[0]:
+        W[W_REP][n, R_WAVE], W[W_REP][n, R_ROW], W[W_REP][n, R_OFFSET], W[W_REP][n, R_ALLOC] = w, row, off, k
+        W[W_REP][n, R_READ], W[W_REP][n, R_LATEST], W[W_REP][n, R_WRITER], W[W_REP][n, R_WROW] = got, latest, W[W_WR][b, 0], W[W_WR][b, 1]
+        W[W_REP][n, R_WHERE], W[W_REP][n, R_PLACE], W[W_REP][n, R_FILL], W[W_REP][n, R_SOURCE] = where, place, fill, source
+    W[W_OPT][O_COUNT] = n + 1
+
+
+@njit(cache=True)
+def copy_for(W, k, ln, w, row, sc1, scalar):
+    """The slot whose copy of line ln a load of wave w reads, filling the caches on its way
+    (-1: memory itself), or FULL."""
+    x, cu, kc = W[W_GEO][w, 0], W[W_GEO][w, 1], W[W_GEO][w, 2]
+    if W[W_LT][k] == UC:
+        return -1
+    if scalar:
+        if W[W_K][kc, ln] == ABSENT:
+            if W[W_L2][x, ln] == ABSENT and not fill_l2(W, x, ln, row):
+                return FULL
+            if not copy_line(W, W_K, kc, ln, W[W_L2][x, ln], row):
+                return FULL
+        return W[W_K][kc, ln]
+    if not sc1:
+        s = l1_slot(W, cu, ln)
+        if s != ABSENT:
+            return s
+    if W[W_L2][x, ln] == ABSENT and not fill_l2(W, x, ln, row):
+        return FULL
+    if not sc1 and not copy_line(W, W_L1, cu, ln, W[W_L2][x, ln], row):
+        return FULL
+    return W[W_L2][x, ln]
 
 
 @njit(cache=True)
 def load(W, BUFS, ALLOC, w, row, k, off, size, latest, sc1, scalar):
+    """`load_bytes` of allocation k of the registered ones (BUFS, ALLOC)."""
+    return load_bytes(W, BUFS[k], ALLOC[k, 1], w, row, k, off, size, latest, sc1, scalar)
+
+
+@njit(cache=True)
+def load_bytes(W, mem, extent, w, row, k, off, size, latest, sc1, scalar):
     """The value a load of `size` bytes returns (or FULL when the mode's arrays are), filling the
     caches on its way; a stale read is reported. Plain / sc0 loads: L1, else the XCD's L2, else
     memory, filling both ("load monotonic" workgroup / agent rows); sc1 loads skip L1 and may hit
     an RW line in L2 (probes keep it fresh); scalar loads: the CU pair's scalar cache, which no
     memory-model sequence invalidates (the CP does between launches); UC lines are read at
-    memory."""
-    GEO, MEM, SD, SM, SF, L2, L1, K, LT, WR = (W[W_GEO], W[W_MEM], W[W_SD], W[W_SM], W[W_SF], W[W_L2], W[W_L1],
-                                               W[W_K], W[W_LT], W[W_WR])
-    if LT[k] == UNTRACKED:
+    memory. The caches are looked up once a line the access touches (an unaligned one may
+    cross two)."""
+    if W[W_LT][k] == UNTRACKED:
         return latest
-    x, cu, kc = GEO[w, 0], GEO[w, 1], GEO[w, 2]
+    x, cu = W[W_GEO][w, 0], W[W_GEO][w, 1]
     got = np.int64(0)
     stale, b_stale, ln_stale = -1, 0, 0
     source, fill = SRC_MEMORY, PRELAUNCH
-    for j in range(size):  # byte by byte: an unaligned access may cross a line
-        ln = line_of(W, BUFS, ALLOC, k, off + j)
-        if ln < 0:
-            return FULL
+    line, ln, copy = -1, 0, ABSENT  # the line in hand (allocation line), its number, its copy
+    for j in range(size):
+        if (off + j) >> 7 != line:
+            line = (off + j) >> 7
+            ln = line_of(W, mem, extent, k, off + j)
+            if ln < 0:
+                return FULL
+            copy = ABSENT  # looked up when a byte of it is not the CU's own write
         b = ln * LINE + ((off + j) & (LINE - 1))
         want = latest >> (8 * j) & 0xFF
-        writer = WR[b, 0]
-        if writer >= 0 and GEO[writer, 1] == cu:
+        writer = W[W_WR][b, 0]
+        if writer >= 0 and W[W_GEO][writer, 1] == cu:
             v = want  # the CU's own pipeline is in order: workgroup scope needs no cache action
-        elif LT[k] == UC:
-            v = np.int64(MEM[b])
-            source = SRC_MEMORY
-        elif scalar:
-            if K[kc, ln] == ABSENT:
-                if L2[x, ln] == ABSENT and not fill_l2(W, x, ln, row):
-                    return FULL
-                if not copy_line(W, W_K, kc, ln, L2[x, ln], row):
-                    return FULL
-            v, source, fill = np.int64(SD[K[kc, ln], b & (LINE - 1)]), SRC_SCALAR, SF[K[kc, ln]]
-        elif not sc1 and L1[cu, ln] != ABSENT:
-            v, source, fill = np.int64(SD[L1[cu, ln], b & (LINE - 1)]), SRC_L1, SF[L1[cu, ln]]
         else:
-            if L2[x, ln] == ABSENT and not fill_l2(W, x, ln, row):
-                return FULL
-            v, source, fill = np.int64(SD[L2[x, ln], b & (LINE - 1)]), SRC_L2, SF[L2[x, ln]]
-            if not sc1 and not copy_line(W, W_L1, cu, ln, L2[x, ln], row):
-                return FULL
+            if copy == ABSENT:
+                copy = copy_for(W, k, ln, w, row, sc1, scalar)
+                if copy == FULL:
+                    return FULL
+            if copy < 0:
+                v, source = np.int64(W[W_MEM][b]), SRC_MEMORY
+            else:
+                v, fill = np.int64(W[W_SD][copy, b & (LINE - 1)]), W[W_SF][copy]
+                source = SRC_SCALAR if scalar else SRC_L2 if copy == W[W_L2][x, ln] else SRC_L1
         got |= v << (8 * j)
         # A coherent read (sc1, UC) of a byte whose latest store is still queued is early, not
         # stale: that is what a poll is for. Any other difference is stale.
-        if v != want and stale < 0 and not (WR[b, 2] > 0 and (sc1 or LT[k] == UC)):
+        if v != want and stale < 0 and not (W[W_WR][b, 2] > 0 and (sc1 or W[W_LT][k] == UC)):
             stale, b_stale, ln_stale = j, b, ln
     if stale >= 0:
         b, ln = b_stale, ln_stale
-        if WR[b, 2] > 0:
-            report(W, w, row, k, off, got, latest, b, WHERE_QUEUED, WR[b, 0], fill, source)
+        if W[W_WR][b, 2] > 0:
+            report(W, w, row, k, off, got, latest, b, WHERE_QUEUED, W[W_WR][b, 0], fill, source)
         else:
             dirty = -1
-            for y in range(L2.shape[0]):
-                if L2[y, ln] != ABSENT and SM[L2[y, ln], b & (LINE - 1)]:
+            for y in range(W[W_L2].shape[0]):
+                if W[W_L2][y, ln] != ABSENT and W[W_SM][W[W_L2][y, ln], b & (LINE - 1)]:
                     dirty = y
             if dirty >= 0:
                 report(W, w, row, k, off, got, latest, b, WHERE_DIRTY, dirty, fill, source)
@@ -411,10 +515,10 @@ def load(W, BUFS, ALLOC, w, row, k, off, size, latest, sc1, scalar):
 
 
 @njit(cache=True)
-def load_lane(W, BUFS, ALLOC, V, w, row, k, off, dst, parts, size, signed, lane, sc1):
-    """One lane's load of `parts` dwords (or one byte / short) into VGPR `dst`, as the caches
-    give it: the first part read stale, -2 (NONE) if none, or FULL."""
-    mem = BUFS[k]
+def load_lane(W, mem, extent, V, w, row, k, off, dst, parts, size, signed, lane, sc1):
+    """One lane's load of `parts` dwords (or one byte / short) of allocation k (its bytes `mem`,
+    `extent` of them) into VGPR `dst`, as the caches give it: the first part read stale, -2
+    (NONE) if none, or FULL."""
     first = NONE
     for part in range(parts):
         at = off + 4 * part
@@ -422,7 +526,7 @@ def load_lane(W, BUFS, ALLOC, V, w, row, k, off, dst, parts, size, signed, lane,
         for j in range(size):
             latest |= np.int64(mem[at + j]) << (8 * j)
         before = W[W_OPT][O_COUNT]
-        v = load(W, BUFS, ALLOC, w, row, k, at, size, latest, sc1, False)
+        v = load_bytes(W, mem, extent, w, row, k, at, size, latest, sc1, False)
         if v == FULL:
             return FULL
         if W[W_OPT][O_COUNT] != before and first == NONE:

@@ -19,7 +19,10 @@ class WeakMemory:
     """Options of the weak-memory mode. `placement`: workgroup i on XCD i mod 8 (as the
     dispatcher typically places them), all on XCD 0, or a permutation drawn from `seed`.
     `fail`: a stale read fails the launch; else stale reads are counted and listed.
-    `flag_first`: a wave's later stores complete before its earlier ones. `lines`: the most
+    `flag_first`: a wave's later stores complete before its earlier ones. `warm_l1`: every CU's
+    vector L1 starts holding a copy of every tracked line as it was before the launch (as if the
+    CU had read it earlier and kept it), until the CU's first invalidate: a load a missing
+    `buffer_inv` leaves on such a copy reads it stale. `lines`: the most
     128-byte lines of writable memory a launch may touch; `slots`: the most lines all its caches
     may hold together (the arrays are sized by them: about 3 KiB a line, 0.25 KiB a slot)."""
 
@@ -27,6 +30,7 @@ class WeakMemory:
     seed: int = 0
     fail: bool = True
     flag_first: bool = False
+    warm_l1: bool = False
     lines: int = 1 << 16
     slots: int = 1 << 18
 
@@ -49,21 +53,24 @@ def _xcds(workgroups: int, options: WeakMemory) -> np.ndarray:
 def off_state(waves: int) -> tuple:
     """The tuple the interpreter takes when the mode is off (O_ON is 0; nothing else is read)."""
     return _arrays(np.zeros(weak.OPT_FIELDS, np.int64), np.zeros((max(waves, 1), 3), np.int64), [-1], [weak.UNTRACKED],
-                   1, 1, 1, 1, 1, 1, 1)
+                   1, 1, 1, 1, 1, 1, 1, False)
 
 
 def _arrays(opt: np.ndarray, geo: np.ndarray, first: list[int], types: list[int], all_lines: int, lines: int,
-            slots: int, l2s: int, l1s: int, scalar_caches: int, waves: int) -> tuple:
+            slots: int, l2s: int, l1s: int, scalar_caches: int, waves: int, warm_l1: bool) -> tuple:
     writer = np.zeros((lines * weak.LINE, 3), np.int32)
     writer[:, :2] = -1
     return (opt, geo, np.array(first, np.int64), np.zeros(lines * weak.LINE, np.uint8),
             np.zeros((slots, weak.LINE), np.uint8), np.zeros((slots, weak.LINE), np.uint8), np.zeros(slots, np.int64),
-            np.full((l2s, lines), weak.ABSENT, np.int32), np.full((l1s, lines), weak.ABSENT, np.int32),
+            np.full((l2s, lines), weak.ABSENT, np.int32),
+            np.full((l1s, lines), weak.WARM if warm_l1 else weak.ABSENT, np.int32),
             np.array(types, np.int64), writer, np.zeros((waves, weak.QCAP if opt[weak.O_ON] else 1, 4), np.int64),
             np.zeros((waves, 3), np.int64), np.zeros((weak.REPORTS, weak.REP_FIELDS), np.int64),
             np.full((scalar_caches, lines), weak.ABSENT, np.int32), np.full(all_lines, -1, np.int64),
             np.arange(slots, dtype=np.int64), np.zeros((l1s + scalar_caches, weak.L1_LINES), np.int32),
-            np.zeros((l1s + scalar_caches, 2), np.int64))
+            np.zeros((l1s + scalar_caches, 3), np.int64), np.zeros(lines, np.int64),
+            np.zeros((l2s, lines), np.int32), np.zeros((l2s, 2), np.int64), np.zeros(slots, np.uint8),
+            np.zeros(lines * weak.LINE, np.uint8))
 
 
 def build(options: WeakMemory, allocations: list, uncached: set[int], wave_cta: np.ndarray, wave_device: np.ndarray,
@@ -92,7 +99,7 @@ def build(options: WeakMemory, allocations: list, uncached: set[int], wave_cta: 
     opt[[weak.O_ON, weak.O_FAIL, weak.O_FLAG_FIRST, weak.O_FREE]] = (1, options.fail, options.flag_first, options.slots)
     l1s = devices * XCDS * CUS_PER_XCD
     return _arrays(opt, geo, first or [-1], types or [weak.UNTRACKED], max(lines, 1), min(options.lines, max(lines, 1)),
-                   options.slots, devices * XCDS, l1s, l1s // 2, waves)
+                   options.slots, devices * XCDS, l1s, l1s // 2, waves, options.warm_l1)
 
 
 def describe(rep: np.ndarray, who, pc_of, allocation_name) -> str:

@@ -23,6 +23,7 @@ from ..hsaco.kernel_info import KernelArg
 from ..spec import Spec
 from ..templates import Template
 from ..templates.kernargs import DeclaredMeta, DeclaredTable, KernargError, LaunchMeta, layout, pack
+from .read_only import read_only_arguments
 
 EXTERNAL_WAIT_MARGIN = 10.0  # seconds the emulator waits past a peer wait's bound before it calls a deadlock
 
@@ -169,8 +170,9 @@ class EmulatorBackend:
 
     def launch(self, kernel: Kernel, values: Mapping[str, Any], stream: int) -> None:
         kernarg = pack(kernel.meta, values)
+        read_only = read_only_arguments(kernel.template)
         added = [value for name, value in values.items()
-                 if hasattr(value, "data_ptr") and self.machine.register_new(value, name)]
+                 if hasattr(value, "data_ptr") and self.machine.register_new(value, name, name not in read_only)]
         try:
             shape = kernel.meta.launch
             self.last_report = self.machine.launch(kernel.handle, shape.grid, shape.block, kernarg,

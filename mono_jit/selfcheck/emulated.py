@@ -16,15 +16,16 @@ from ..spec import Spec
 from ..templates import get
 
 
-def emulated_launcher(template: str, spec: Spec, settings: Settings,
-                      backend: Backend | None = None) -> Callable[..., Any]:
+def emulated_launcher(template: str, spec: Spec, settings: Settings, backend: Backend | None = None,
+                      hsaco: bytes | None = None) -> Callable[..., Any]:
     """A launcher taking the template's arguments in declaration order (like FlyDSL's) that runs
-    the cached code object on an emulated device (or on `backend`: the selftest's GPU one);
-    `.backend.last_report` holds the emulator's counters."""
+    the cached code object (or `hsaco`, a variant of it such as a fence mutant) on an emulated
+    device (or on `backend`: the selftest's GPU one); `.backend.last_report` holds the
+    emulator's counters."""
     tpl = get(template)
     resolved = resolve(tpl, spec, settings=settings)
     backend = backend or EmulatorBackend()
-    kernel = backend.load(tpl, spec, resolved.meta, resolved.hsaco)
+    kernel = backend.load(tpl, spec, resolved.meta, resolved.hsaco if hsaco is None else hsaco)
     declared = tpl.arguments(spec)
 
     def launch(*values: Any) -> None:

@@ -221,3 +221,15 @@ def test_a_write_back_forced_by_a_probe_reaches_the_prober_copy():
     view[1], view[0] = 0xAB, 0xCD  # the latest bytes, as the interpreter keeps them
     assert weak.load(W, bufs, alloc, 0, 7, 0, 0, 2, 0xABCD, True, False) == 0xABCD
     assert W[0][weak.O_COUNT] == 0
+
+
+def test_the_warm_l1_option_makes_a_dropped_invalidate_stale_with_no_earlier_read():
+    """With `warm_l1` the consumer's L1 holds the line before the launch (as if read earlier):
+    without the invalidate it reads that copy; with it, the fresh value."""
+    warm = WeakMemory(fail=False, warm_l1=True)
+    out, stale = _run(dict(FULL, inv="s_nop 0"), warm)
+    assert out == OLD
+    assert len(stale) == 1 and "vector L1 was a line filled before the launch before the write" in stale[0]
+    assert _run(FULL, warm) == (NEW, [])
+    # vLLM's discipline relies on the consumer not having read the line before: warm, it is stale
+    assert _run(VLLM, warm)[0] == OLD

@@ -98,3 +98,24 @@ def test_the_emulator_runs_upstream_k1_as_layer_math_computes_it(entries, layer,
     assert {name: e["rel"] for name, e in table.items() if not e["rel"] <= run.BOUNDS[name]} == {}
     for name in ("res_out", "post_out", "comb_out", "pre_out", "normed_out", "qr_out", "q"):
         assert (buffers.values[name][bucket:].view(torch.uint8) == run.SENTINEL).all(), f"{name}: rows past m"
+
+
+@pytest.mark.parametrize("bucket", BUCKETS)
+def test_upstream_k1_reads_nothing_stale_in_weak_memory(entries, layer, bucket):
+    """Calibration of the weak-memory mode (issue 36 item 5): upstream's K1 runs on MI355X, so in
+    weak memory (workgroups round robin over the XCDs, stale reads counted) it reads nothing
+    stale and writes every output byte as in sequentially consistent memory."""
+    import layer_math as lm
+    import upstream_k1_run as run
+
+    from mono_jit.emulator.weak_state import WeakMemory
+
+    step = lm.random_step(layer, m=bucket, seed=bucket)
+    sequential, weak = run.k1_buffers(layer, step), run.k1_buffers(layer, step)
+    run.launch(get(NAME), entries[bucket], sequential)
+    report = run.launch(get(NAME), entries[bucket], weak, WeakMemory(fail=False))
+    print(f"\nupstream K1 s{bucket} weak: {report.seconds:.1f} s, {report.stale_reads} stale reads")
+    assert (report.stale_reads, report.stale_report) == (0, [])
+    for name, value in sequential.values.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(weak.values[name].view(torch.uint8), value.view(torch.uint8)), name

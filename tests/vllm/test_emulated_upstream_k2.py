@@ -77,12 +77,12 @@ def test_upstream_k2_builds_to_the_hardware_proven_bytes(entries):
         assert (k1.sha256[:16], k1.size) == DIGESTS["k1"][spec], spec
 
 
-def _run_layer(entries, single_value: bool, spec: Spec = EMULATED):
+def _run_layer(entries, single_value: bool, spec: Spec = EMULATED, weak=None):
     """Upstream's K1 then K2 (builds at `spec`) on 8 emulated devices sharing memory, one step of
     one row of layer_math's checkpoint at spec's ratio (upstream_k2_run), with the reports and
     layer_math's decode_layer. `single_value`: the row attends to one SWA key and no compressed
     one, with the sink at -1e4, so its attention output is that key's value (no softmax weights
-    in play)."""
+    in play). `weak`: the emulator's WeakMemory options (None: sequentially consistent)."""
     import layer_math as lm
     import upstream_k2_run as run
 
@@ -93,7 +93,7 @@ def _run_layer(entries, single_value: bool, spec: Spec = EMULATED):
         step.swa_lens[:] = 1
         layer.attn_sink[:] = -1e4
     ranks = run.rank_buffers(layer, step, spec.topk_width if spec.ratio == 128 else 0)
-    reports = run.run_layer(entries["k1", spec], entries["k2", spec], ranks)
+    reports = run.run_layer(entries["k1", spec], entries["k2", spec], ranks, weak)
     for name, report in zip(("K1", "K2"), reports):
         print(f"\nupstream {name} (8 ranks): wave_instructions {report.wave_instructions} mfma {report.mfma} "
               f"scratch {report.by_class['scratch']} seconds {report.seconds:.1f}")
@@ -228,3 +228,22 @@ def test_upstream_k2_agrees_with_layer_math_from_its_own_attention_output(layer_
     ranks, _, _, step, layer = layer_run
     o = torch.cat([att.merged(state, _rank_sink(layer, rank)) for rank, state in enumerate(_states(ranks, step))])
     _check_against_layer_math(ranks, lm.decode_layer(step, layer, o=o[None]))
+
+
+def test_upstream_k1_and_k2_read_nothing_stale_in_weak_memory(entries, layer_run):
+    """Calibration of the weak-memory mode (issue 36 item 5): upstream's K1 then K2 on 8 ranks
+    run on MI355X, so in weak memory (workgroups round robin over each device's XCDs, the peer
+    buffers uncached, stale reads counted) they read nothing stale and leave every byte of every
+    rank's buffers as in sequentially consistent memory (`layer_run`)."""
+    from mono_jit.emulator.weak_state import WeakMemory
+
+    sequential = layer_run[0]
+    ranks, _, reports, *_ = _run_layer(entries, single_value=False, weak=WeakMemory(fail=False))
+    for name, report in zip(("K1", "K2"), reports):
+        print(f"upstream {name} weak: {report.seconds:.1f} s, {report.stale_reads} stale reads")
+        assert (report.stale_reads, report.stale_report) == (0, []), name
+    for rank, (weak, seq) in enumerate(zip(ranks, sequential)):
+        for values, expected in ((weak.k1.values, seq.k1.values), (weak.k2, seq.k2)):
+            for name, value in values.items():
+                if isinstance(value, torch.Tensor) and name != "peers":  # peers: the addresses
+                    assert torch.equal(value.view(torch.uint8), expected[name].view(torch.uint8)), (rank, name)

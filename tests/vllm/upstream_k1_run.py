@@ -89,14 +89,16 @@ def k1_buffers(ckpt: lm.CheckpointLayer, step: lm.LayerStep, rank: int = RANK, t
     return K1Buffers(step, values, set(weights) | set(inputs))
 
 
-def launch(template: Any, entry: Any, buffers: K1Buffers) -> Any:
+def launch(template: Any, entry: Any, buffers: K1Buffers, weak: Any = None) -> Any:
     """K1's cache entry on a fresh emulated device through mono-jit's emulator backend, every
     tensor registered (the weights and inputs read-only) and passed as its address, as the runner
-    passes it (`runtime/kernargs.pack` places the Int64s and Int32s); the LaunchReport."""
+    passes it (`runtime/kernargs.pack` places the Int64s and Int32s); the LaunchReport. `weak`: the
+    emulator's WeakMemory options (None: sequentially consistent memory)."""
     from mono_jit.emulator import Machine
     from mono_jit.runtime.backends import EmulatorBackend
 
     machine = Machine()
+    machine.weak_memory = weak
     values = {}
     for name, value in buffers.values.items():
         if isinstance(value, torch.Tensor):

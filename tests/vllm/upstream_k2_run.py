@@ -95,18 +95,22 @@ def _launch(code: CodeObject, meta: EntryMeta, values: dict[str, Any], device: i
 
 
 def run_layer(k1_entry: Any, k2_entry: Any, ranks: list[RankBuffers],
-              timing: Any = None) -> tuple[LaunchReport, LaunchReport]:
+              timing: Any = None, weak: Any = None) -> tuple[LaunchReport, LaunchReport]:
     """K1 on every rank (together), then K2 on every rank (together), on one 8-device machine
     whose memory holds every rank's tensors (weights and step inputs read-only); `timing` (a
-    clock.trace.Clock) records both launches' traces for the clock."""
+    clock.trace.Clock) records both launches' traces for the clock. `weak`: the emulator's
+    WeakMemory options (None: sequentially consistent memory); the peer buffers are then
+    uncached, as vLLM's runner allocates them (hipDeviceMallocUncached)."""
     machine = Machine(devices=TP)
     machine.timing = timing
+    machine.weak_memory = weak
     for r, buffers in enumerate(ranks):  # K1 and K2 share parameter names (hc_fn, res_out, ...)
         for kernel, values, read_only in (("k1", buffers.k1.values, buffers.k1.weights),
                                           ("k2", buffers.k2, buffers.weights)):
             for name, value in values.items():
                 if isinstance(value, torch.Tensor):
                     machine.register_new(value, f"r{r}.{kernel}.{name}", writable=name not in read_only)
+        machine.mark_uncached(buffers.k2["peer_buffer"])
     k1_code, k2_code = CodeObject(k1_entry.hsaco), CodeObject(k2_entry.hsaco)
     first = machine.launch_many([_launch(k1_code, k1_entry.meta, b.k1.values, r) for r, b in enumerate(ranks)])
     second = machine.launch_many([_launch(k2_code, k2_entry.meta, b.k2, r) for r, b in enumerate(ranks)])
