@@ -93,7 +93,7 @@ def _run_layer(entries, single_value: bool, spec: Spec = EMULATED, weak=None):
         step.swa_lens[:] = 1
         layer.attn_sink[:] = -1e4
     ranks = run.rank_buffers(layer, step, spec.topk_width if spec.ratio == 128 else 0)
-    reports = run.run_layer(entries["k1", spec], entries["k2", spec], ranks, weak)
+    reports = run.run_layer(entries["k1", spec], entries["k2", spec], ranks, weak=weak)
     for name, report in zip(("K1", "K2"), reports):
         print(f"\nupstream {name} (8 ranks): wave_instructions {report.wave_instructions} mfma {report.mfma} "
               f"scratch {report.by_class['scratch']} seconds {report.seconds:.1f}")
