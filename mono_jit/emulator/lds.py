@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import ops as O
+from .access import ds_address, ds_shape
 from .decode import F_DST, F_OFFSET, F_OFFSET1, F_SRC0, F_SRC1, F_SRC2
 from .jit_cache import njit
 from .operands import fault, write
@@ -58,21 +59,8 @@ def lds_op(P, i, w, V, T, LDS, CTA, CNT, CTL, c, d, ex, op):
             CNT[d, CNT_LDS_READ] += 4
             CNT[d, CNT_LDS_WRITTEN] += 4
         return NO_FAULT
-    n, stride, two, writing = 1, 0, False, False
-    if op == O.OP_DS_READ_B64 or op == O.OP_DS_WRITE_B64:
-        n = 2
-    elif op == O.OP_DS_READ_B96 or op == O.OP_DS_WRITE_B96:
-        n = 3
-    elif op == O.OP_DS_READ_B128 or op == O.OP_DS_WRITE_B128:
-        n = 4
-    elif op == O.OP_DS_READ2_B32 or op == O.OP_DS_WRITE2_B32:
-        two, stride = True, 4
-    elif op == O.OP_DS_READ2_B64 or op == O.OP_DS_WRITE2_B64:
-        n, two, stride = 2, True, 8
-    elif op == O.OP_DS_READ2ST64_B32 or op == O.OP_DS_WRITE2ST64_B32:
-        two, stride = True, 256
-    elif op == O.OP_DS_READ2ST64_B64:
-        n, two, stride = 2, True, 512
+    n, two, stride = ds_shape(op)
+    writing = False
     if (op == O.OP_DS_WRITE_B32 or op == O.OP_DS_WRITE_B64 or op == O.OP_DS_WRITE_B96 or op == O.OP_DS_WRITE_B128
             or op == O.OP_DS_WRITE2_B32 or op == O.OP_DS_WRITE2_B64 or op == O.OP_DS_WRITE2ST64_B32):
         writing = True
@@ -81,10 +69,7 @@ def lds_op(P, i, w, V, T, LDS, CTA, CNT, CTL, c, d, ex, op):
             continue
         a = np.int64(V[w, addr, lane])
         for half in range(2 if two else 1):
-            if two:
-                at = (a + (off0 if half == 0 else off1) * stride) & M32
-            else:
-                at = (a + (off0 | off1 << 8)) & M32
+            at = ds_address(a, off0, off1, half, two, stride)
             if at & 3:
                 return fault(CTL, FAULT_UNALIGNED, w, i, lane, at, 4 * n, 1)
             if at + 4 * n > limit:

@@ -9,6 +9,7 @@ import numpy as np
 from . import ops as O
 from .decode import (F_BASE, F_CLASS, F_DST, F_FLAGS, F_OFFSET, F_SOFF, F_SRC0, F_SRC1, FLAG_OFFEN, FLAG_SADDR_OFF,
                      FLAG_SC0, FLAG_SC1, FLAG_SVE)
+from .access import scalar_address, scalar_dwords, vector_shape
 from .jit_cache import njit
 from .numerics import sext32
 from .operands import fault, set64, sval
@@ -79,35 +80,7 @@ def vmem(P, i, w, S, V, T, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, d, ex, op, 
         weak.issue(W, w)
     is_buffer = P[i, F_CLASS] == O.BUFFER
     kind = KIND_BUFFER if is_buffer else KIND_GLOBAL
-    size, dwords, signed, storing, atomic = 4, 1, False, False, False
-    if op == O.OP_BUFFER_LOAD_DWORDX2 or op == O.OP_GLOBAL_LOAD_DWORDX2:
-        dwords = 2
-    elif op == O.OP_BUFFER_LOAD_DWORDX3 or op == O.OP_GLOBAL_LOAD_DWORDX3:
-        dwords = 3
-    elif op == O.OP_BUFFER_LOAD_DWORDX4 or op == O.OP_GLOBAL_LOAD_DWORDX4:
-        dwords = 4
-    elif op == O.OP_BUFFER_LOAD_SBYTE or op == O.OP_GLOBAL_LOAD_SBYTE:
-        size, signed = 1, True
-    elif op == O.OP_BUFFER_LOAD_UBYTE or op == O.OP_GLOBAL_LOAD_UBYTE:
-        size = 1
-    elif op == O.OP_BUFFER_LOAD_USHORT or op == O.OP_GLOBAL_LOAD_USHORT:
-        size = 2
-    elif op == O.OP_BUFFER_LOAD_SSHORT or op == O.OP_GLOBAL_LOAD_SSHORT:
-        size, signed = 2, True
-    elif op == O.OP_BUFFER_STORE_BYTE or op == O.OP_GLOBAL_STORE_BYTE:
-        size, storing = 1, True
-    elif op == O.OP_BUFFER_STORE_SHORT or op == O.OP_GLOBAL_STORE_SHORT:
-        size, storing = 2, True
-    elif op == O.OP_BUFFER_STORE_DWORD or op == O.OP_GLOBAL_STORE_DWORD:
-        storing = True
-    elif op == O.OP_BUFFER_STORE_DWORDX2 or op == O.OP_GLOBAL_STORE_DWORDX2:
-        storing, dwords = True, 2
-    elif op == O.OP_BUFFER_STORE_DWORDX3 or op == O.OP_GLOBAL_STORE_DWORDX3:
-        storing, dwords = True, 3
-    elif op == O.OP_BUFFER_STORE_DWORDX4 or op == O.OP_GLOBAL_STORE_DWORDX4:
-        storing, dwords = True, 4
-    elif P[i, F_CLASS] == O.ATOMIC:
-        atomic = True
+    size, dwords, signed, storing, atomic = vector_shape(op, P[i, F_CLASS])
     dst = P[i, F_DST]
     data = dst if is_buffer else P[i, F_SRC1]
     # Buffer resource (V#): base 48 bits, stride (bits 48..61), num_records (dword 2). Ours are
@@ -303,20 +276,8 @@ def smem(P, i, w, S, WS, ALLOC, BUFS, TOUCH, ABYTES, CNT, CTL, CLOCK, d, op, W):
         ticks = (CNT[d, :N_CLASSES].sum() // TICKS_PER_INSTRUCTIONS) + CLOCK[d]
         set64(S, w, dst, ticks)
         return NO_FAULT
-    n = 1
-    if op == O.OP_S_LOAD_DWORDX2:
-        n = 2
-    elif op == O.OP_S_LOAD_DWORDX4:
-        n = 4
-    elif op == O.OP_S_LOAD_DWORDX8:
-        n = 8
-    elif op == O.OP_S_LOAD_DWORDX16:
-        n = 16
-    b = P[i, F_BASE]
-    address = (np.int64(S[w, b]) | (np.int64(S[w, b + 1]) & 0xFFFF) << 32) + P[i, F_OFFSET]
-    if P[i, F_SOFF] >= 0:
-        address += np.int64(S[w, P[i, F_SOFF]])
-    address &= ~np.int64(3)  # the two low address bits are ignored (scalar memory reads dwords)
+    n = scalar_dwords(op)
+    address = scalar_address(P, i, w, S)
     k = find(ALLOC, address, 4 * n, -1)
     if k < 0:
         return fault(CTL, FAULT_UNMAPPED, w, i, -1, address, 4 * n, 0)

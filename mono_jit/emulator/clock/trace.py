@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import ops as O
+from ..access import ds_address, ds_shape, scalar_address, scalar_dwords, vector_shape
 from ..decode import (F_BASE, F_CLASS, F_FLAGS, F_FORMAT, F_OFFSET, F_OFFSET1, F_SOFF, F_SRC0, FLAG_OFFEN,
                       FLAG_SADDR_OFF)
 from ..jit_cache import njit
@@ -185,38 +186,6 @@ def _lane_address(P, i, w, S, V, lane, base, soffset):
 
 
 @njit(cache=True)
-def _access_bytes(op):
-    """(bytes per lane, stores, atomic) of a vector memory operation."""
-    if op == O.OP_BUFFER_LOAD_DWORDX2 or op == O.OP_GLOBAL_LOAD_DWORDX2:
-        return 8, False, False
-    if op == O.OP_BUFFER_LOAD_DWORDX3 or op == O.OP_GLOBAL_LOAD_DWORDX3:
-        return 12, False, False
-    if op == O.OP_BUFFER_LOAD_DWORDX4 or op == O.OP_GLOBAL_LOAD_DWORDX4:
-        return 16, False, False
-    if (op == O.OP_BUFFER_LOAD_SBYTE or op == O.OP_GLOBAL_LOAD_SBYTE or op == O.OP_BUFFER_LOAD_UBYTE
-            or op == O.OP_GLOBAL_LOAD_UBYTE):
-        return 1, False, False
-    if (op == O.OP_BUFFER_LOAD_USHORT or op == O.OP_GLOBAL_LOAD_USHORT or op == O.OP_BUFFER_LOAD_SSHORT
-            or op == O.OP_GLOBAL_LOAD_SSHORT):
-        return 2, False, False
-    if op == O.OP_BUFFER_STORE_BYTE or op == O.OP_GLOBAL_STORE_BYTE:
-        return 1, True, False
-    if op == O.OP_BUFFER_STORE_SHORT or op == O.OP_GLOBAL_STORE_SHORT:
-        return 2, True, False
-    if op == O.OP_BUFFER_STORE_DWORD or op == O.OP_GLOBAL_STORE_DWORD:
-        return 4, True, False
-    if op == O.OP_BUFFER_STORE_DWORDX2 or op == O.OP_GLOBAL_STORE_DWORDX2:
-        return 8, True, False
-    if op == O.OP_BUFFER_STORE_DWORDX3 or op == O.OP_GLOBAL_STORE_DWORDX3:
-        return 12, True, False
-    if op == O.OP_BUFFER_STORE_DWORDX4 or op == O.OP_GLOBAL_STORE_DWORDX4:
-        return 16, True, False
-    if O.OP_GLOBAL_ATOMIC_ADD <= op <= O.OP_GLOBAL_ATOMIC_UMAX:
-        return 4, True, True
-    return 4, False, False
-
-
-@njit(cache=True)
 def _words(ev, e, writers, woff, ALLOC, k, address, size, w, storing, loading):
     """Stamp the 4-byte words a store reaches with event e; for a load keep the latest writer
     from another wave (allocation k's last-writer words start at woff[k])."""
@@ -235,7 +204,8 @@ def _words(ev, e, writers, woff, ALLOC, k, address, size, w, storing, loading):
 
 @njit(cache=True)
 def _vector(TR, P, i, w, S, V, ALLOC, ex, op, bit):
-    size, storing, atomic = _access_bytes(op)
+    size, dwords, _, storing, atomic = vector_shape(op, P[i, F_CLASS])
+    size *= dwords
     kind = K_ATOMIC if atomic else K_VSTORE if storing else K_VLOAD
     e = _new_event(TR, w, kind, i)
     if e < 0:
@@ -281,23 +251,11 @@ def _vector(TR, P, i, w, S, V, ALLOC, ex, op, bit):
 def _scalar(TR, P, i, w, S, ALLOC, op, bit):
     if op == O.OP_S_MEMREALTIME or op == O.OP_S_MEMTIME:
         return _new_event(TR, w, K_CLOCK, i)
-    n = 1
-    if op == O.OP_S_LOAD_DWORDX2:
-        n = 2
-    elif op == O.OP_S_LOAD_DWORDX4:
-        n = 4
-    elif op == O.OP_S_LOAD_DWORDX8:
-        n = 8
-    elif op == O.OP_S_LOAD_DWORDX16:
-        n = 16
+    n = scalar_dwords(op)
     e = _new_event(TR, w, K_SLOAD, i)
     if e < 0:
         return e
-    b = P[i, F_BASE]
-    address = (np.int64(S[w, b]) | (np.int64(S[w, b + 1]) & 0xFFFF) << 32) + P[i, F_OFFSET]
-    if P[i, F_SOFF] >= 0:
-        address += np.int64(S[w, P[i, F_SOFF]])
-    address &= ~np.int64(3)
+    address = scalar_address(P, i, w, S)
     k = _find(ALLOC, address)
     if k >= 0:
         ev = TR[1]
@@ -317,21 +275,7 @@ def _lds(TR, P, i, w, V, ex, op):
     e = _new_event(TR, w, K_LDS, i)
     if e < 0:
         return e
-    n, stride, two = 1, 0, False
-    if op == O.OP_DS_READ_B64 or op == O.OP_DS_WRITE_B64:
-        n = 2
-    elif op == O.OP_DS_READ_B96 or op == O.OP_DS_WRITE_B96:
-        n = 3
-    elif op == O.OP_DS_READ_B128 or op == O.OP_DS_WRITE_B128:
-        n = 4
-    elif op == O.OP_DS_READ2_B32 or op == O.OP_DS_WRITE2_B32:
-        two, stride = True, 4
-    elif op == O.OP_DS_READ2_B64 or op == O.OP_DS_WRITE2_B64:
-        n, two, stride = 2, True, 8
-    elif op == O.OP_DS_READ2ST64_B32 or op == O.OP_DS_WRITE2ST64_B32:
-        two, stride = True, 256
-    elif op == O.OP_DS_READ2ST64_B64:
-        n, two, stride = 2, True, 512
+    n, two, stride = ds_shape(op)
     off0, off1 = P[i, F_OFFSET], P[i, F_OFFSET1]
     dwords = np.empty(64 * 8, np.int64)
     m = 0
@@ -342,10 +286,8 @@ def _lds(TR, P, i, w, V, ex, op):
         for half in range(2 if two else 1):
             if op == O.OP_DS_SWIZZLE_B32 or op == O.OP_DS_BPERMUTE_B32:
                 at = np.int64(4 * lane)  # lane traffic through the LDS crossbar, conflict-free
-            elif two:
-                at = (a + (off0 if half == 0 else off1) * stride) & M32
             else:
-                at = (a + (off0 | off1 << 8)) & M32
+                at = ds_address(a, off0, off1, half, two, stride)
             for part in range(n):
                 dwords[m] = (at >> 2) + part
                 m += 1
