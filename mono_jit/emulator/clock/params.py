@@ -5,7 +5,7 @@ otherwise.
 Scope tags: C4 = stated or measured for MI355X / CDNA4 / gfx950; C3 = MI300X / CDNA3 only (used
 for want of a CDNA4 figure); gen = generic GCN/CDNA; estimate = a judgement with no direct
 source. Nothing here was measured on an MI355X by this project. `docs/emulator.md` carries a
-copy of the table that `tests/emulator/clock/test_params.py` keeps equal to this one.
+copy of the table that `tests/emulator/test_clock_params.py` keeps equal to this one.
 """
 
 from __future__ import annotations

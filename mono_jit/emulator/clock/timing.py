@@ -33,6 +33,7 @@ from .trace import (E_ARG, E_BYTES, E_FLAGS, E_HBM, E_KIND, E_L2, E_MALL, E_MFMA
                     E_MFMA_F4, E_MFMA_F8, E_MFMA_F32, E_NOP_STATES, E_NOPS, E_PLAIN, E_TRANS, E_WAVE, E_WRITER,
                     FAILED_POLL, K_ATOMIC, K_BARRIER, K_CLOCK, K_END, K_INV, K_LDS, K_SLEEP, K_SLOAD, K_VLOAD,
                     K_VSTORE, K_WAITCNT, K_WBL2, LINE)
+from ..errors import EmulatorError
 from ..jit_cache import njit
 
 CATEGORIES = ("issue", "mfma", "latency", "queue", "handoff", "barrier", "sleep", "dispatch")
@@ -56,7 +57,7 @@ READY, AT_BARRIER, BLOCKED, ENDED = range(4)
 NOT_YET = math.inf  # an event's completion before the pass reached it
 
 
-class TimingError(RuntimeError):
+class TimingError(EmulatorError):
     """The trace cannot be replayed (it overflowed, or no wave can advance)."""
 
 
