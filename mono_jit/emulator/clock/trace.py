@@ -29,6 +29,7 @@ from ..access import ds_address, ds_shape, scalar_address, scalar_dwords, vector
 from ..decode import (F_BASE, F_CLASS, F_FLAGS, F_FORMAT, F_OFFSET, F_OFFSET1, F_SOFF, F_SRC0, FLAG_OFFEN,
                       FLAG_SADDR_OFF)
 from ..jit_cache import njit
+from ..memory import find
 from ..state import M32, WS_CTA, WS_DEVICE
 
 # Event fields (int64 rows).
@@ -116,21 +117,6 @@ def collect(TR: tuple, WS: np.ndarray, ctas_first_wave: np.ndarray) -> Trace:
     cta = WS[:, WS_CTA].copy()
     return Trace(events=ev[:ctl[R_COUNT]].copy(), cta=cta, device=WS[:, WS_DEVICE].copy(),
                  wave_in_cta=np.arange(len(cta)) - ctas_first_wave[cta], overflowed=bool(ctl[R_OVERFLOW]))
-
-
-@njit(cache=True)
-def _find(ALLOC, address):
-    lo, hi = 0, ALLOC.shape[0]
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if ALLOC[mid, 0] <= address:
-            lo = mid + 1
-        else:
-            hi = mid
-    k = lo - 1
-    if k >= 0 and address < ALLOC[k, 0] + ALLOC[k, 1]:
-        return k
-    return -1
 
 
 @njit(cache=True)
@@ -225,7 +211,7 @@ def _vector(TR, P, i, w, S, V, ALLOC, ex, op, bit):
             continue
         address = _lane_address(P, i, w, S, V, lane, base, soffset)
         if k < 0 or not (ALLOC[k, 0] <= address < ALLOC[k, 0] + ALLOC[k, 1]):
-            k = _find(ALLOC, address)
+            k = find(ALLOC, address, 1, -1)
             if k < 0:
                 continue
         if ev[e, E_ALLOC] < 0:
@@ -256,7 +242,7 @@ def _scalar(TR, P, i, w, S, ALLOC, op, bit):
     if e < 0:
         return e
     address = scalar_address(P, i, w, S)
-    k = _find(ALLOC, address)
+    k = find(ALLOC, address, 1, -1)
     if k >= 0:
         ev = TR[1]
         ev[e, E_ALLOC] = k
